@@ -1,0 +1,189 @@
+"""Pipeline definitions: YAML loaded once into frozen, validated models.
+
+A bad config stops the program at start with a message that names the field
+(``statistics[0].epsilon: ...``). Legal but unusual values log a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dpstream.operators.errors import DpStreamError
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class ConfigError(DpStreamError, ValueError):
+    """The pipeline definition is invalid; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputConfig(_Model):
+    topic: str = "dpstream.events"
+    partitions: int = Field(4, ge=1, le=1024)
+    # A single record (event or batch envelope) larger than this is dead-lettered.
+    max_record_bytes: int = Field(1_000_000, ge=256, le=50_000_000)
+    max_user_id_length: int = Field(256, ge=1, le=4096)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        if not _TOPIC.match(v):
+            raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
+        return v
+
+
+class TickConfig(_Model):
+    # Public, data-independent time step. Tick n covers wall-clock [n*I, (n+1)*I) (Unix time).
+    interval_seconds: float = Field(1.0, gt=0, le=86_400)
+
+
+class OutputConfig(_Model):
+    release_topic_prefix: str = "dp."
+    dead_letter_topic: str = "dpstream.dead-letter"
+    ledger_topic: str = "dpstream.ledger"
+
+    @field_validator("dead_letter_topic", "ledger_topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        if not _TOPIC.match(v):
+            raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
+        return v
+
+
+class NoiseMode(StrEnum):
+    keyed = "keyed"
+    # Zero noise releases exact (truncated) values: NOT private. Tests and debugging only;
+    # every release is stamped with it.
+    insecure_zero = "insecure_zero"
+
+
+class NoiseConfig(_Model):
+    mode: NoiseMode = NoiseMode.keyed
+    key_file: Path | None = None
+    key_env: str | None = "DPSTREAM_NOISE_KEY"
+
+
+class Neighbours(StrEnum):
+    # Neighbouring streams differ by all events of one user (the paper's constants).
+    whole_user = "whole_user"
+    # Neighbours may drop ANY subset of one user's events; truncation then moves up to
+    # 2*tau leaf units (spec 001, pitfall P1), so the per-level sensitivity doubles.
+    any_subset = "any_subset"
+
+
+class StatisticConfig(_Model):
+    name: str
+    kind: Literal["count"] = "count"
+    epsilon: float = Field(gt=0)
+    tau: int = Field(ge=1, le=1_000_000)
+    mechanism: Literal["binary"] = "binary"
+    # Count only events whose ``key`` equals this; None counts every event.
+    key: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 100 chars)")
+        return v
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon(cls, v: float) -> float:
+        if v > 5:
+            log.warning("epsilon=%s is large; the privacy guarantee is weak", v)
+        return v
+
+
+class PrivacyConfig(_Model):
+    # What one user may lose across all statistics of this pipeline (basic composition).
+    total_epsilon: float = Field(gt=0)
+    neighbours: Neighbours = Neighbours.whole_user
+
+
+class PipelineConfig(_Model):
+    app_id: str = "dpstream"
+    input: InputConfig = InputConfig()
+    ticks: TickConfig = TickConfig()
+    outputs: OutputConfig = OutputConfig()
+    noise: NoiseConfig = NoiseConfig()
+    privacy: PrivacyConfig
+    statistics: list[StatisticConfig] = Field(min_length=1)
+
+    @field_validator("app_id")
+    @classmethod
+    def _app_id(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 100 chars)")
+        return v
+
+    @model_validator(mode="after")
+    def _budget_and_names(self) -> PipelineConfig:
+        names = [s.name for s in self.statistics]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"statistics[{i}].name: duplicate statistic name {name!r}")
+        spent = sum(s.epsilon for s in self.statistics)
+        # Exact comparison in decimal terms: 0.1 + 0.2 must not exceed a budget of 0.3.
+        if round(spent, 12) > round(self.privacy.total_epsilon, 12):
+            raise ValueError(
+                f"privacy.total_epsilon: statistics spend {spent:g} in total, "
+                f"more than total_epsilon={self.privacy.total_epsilon:g}"
+            )
+        return self
+
+    def release_topic(self, statistic: str) -> str:
+        return f"{self.outputs.release_topic_prefix}{statistic}"
+
+    @property
+    def stage2_topic(self) -> str:
+        return f"{self.app_id}-stage2"
+
+
+def _field_path(loc: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
+
+
+def parse_config(data: object, source: str = "<config>") -> PipelineConfig:
+    """Validate a decoded YAML document; raise ConfigError naming the offending field."""
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            field = _field_path(err["loc"])
+            # Model-level checks carry their own field name in the message.
+            lines.append(msg if not err["loc"] else f"{field}: {msg}")
+        raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Load and validate a YAML pipeline definition."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,183 @@
+"""The Faust app: topics, tables, the two stage agents and the public clock.
+
+Agents are thin: decode, load state from the table, call the stage logic of
+``stages.py`` (which calls ``operators``), store the state, send what it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+import faust
+import orjson
+
+from dpstream.config.schema import PipelineConfig
+from dpstream.operators.noise import NoiseSource
+
+from .records import (
+    HEADER,
+    TICK,
+    BadRecord,
+    decode_events,
+    decode_tick,
+    encode_tick,
+    header_kind,
+    partition_for,
+)
+from .stages import Report, Stage1, Stage2
+from .worker_support import limits_for
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_PAYLOAD_CHARS = 4096
+
+
+def broker_urls(bootstrap: str) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
+
+
+def dead_letter(
+    reason: str, topic: str, partition: int, offset: int, payload: bytes | None, index: int | None
+) -> bytes:
+    """A dead-letter record: why, where from, and (a bounded prefix of) what."""
+    text = (payload or b"").decode("utf-8", errors="replace")
+    record = {
+        "reason": reason,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "index": index,
+        "payload": text[:DEAD_LETTER_PAYLOAD_CHARS],
+        "payload_truncated": len(text) > DEAD_LETTER_PAYLOAD_CHARS,
+    }
+    return orjson.dumps(record)
+
+
+def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
+    """Build the worker's Faust app for one pipeline definition."""
+    partitions = cfg.input.partitions
+    app = faust.App(
+        cfg.app_id,
+        broker=broker_urls(bootstrap),
+        store="memory://",
+        datadir=str(datadir),
+        web_enabled=False,
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        producer_linger_ms=5,
+        worker_redirect_stdouts=False,
+    )
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    input_topic = app.topic(cfg.input.topic, partitions=partitions, **raw)
+    stage2_topic = app.topic(cfg.stage2_topic, partitions=partitions, **raw)
+    release_topics = {
+        s.name: app.topic(cfg.release_topic(s.name), partitions=1, **raw) for s in cfg.statistics
+    }
+    dead_letter_topic = app.topic(cfg.outputs.dead_letter_topic, partitions=1, **raw)
+    ledger_topic = app.topic(cfg.outputs.ledger_topic, partitions=1, **raw)
+
+    # Stage-1 state: per-user used units (keyed by user) and per-partition tick state
+    # (keyed by partition number). Both are written while processing that partition, so
+    # their changelog entries land on it and recover with it.
+    users = app.Table("users", partitions=partitions, key_type=str)
+    stage1_state = app.Table("stage1", partitions=partitions, key_type=str)
+    stage2_state = app.Table("stage2", partitions=partitions, key_type=str)
+
+    stage1 = Stage1(cfg)
+    stage2 = Stage2(cfg, noise, partitions)
+    limits = limits_for(cfg)
+    rejected: Counter[str] = Counter()
+
+    async def reject(reason: str, partition: int, offset: int, value: bytes | None, index=None):
+        rejected[reason] += 1
+        await dead_letter_topic.send(
+            value=dead_letter(reason, cfg.input.topic, partition, offset, value, index)
+        )
+
+    async def handle_input(partition: int, offset: int, value: bytes | None, headers) -> None:
+        pkey = str(partition)
+        pstate = stage1_state.get(pkey) or Stage1.new_partition_state()
+        if offset <= pstate["last_offset"]:
+            return  # re-delivered after a restart; already applied
+        kind = header_kind(headers)
+        if kind == TICK:
+            try:
+                tick = decode_tick(value or b"")
+            except BadRecord as exc:
+                await reject(exc.reason, partition, offset, value)
+            else:
+                for report in stage1.close_tick(pstate, partition, tick):
+                    await stage2_topic.send(
+                        key=report.statistic.encode(), value=orjson.dumps(report.to_json())
+                    )
+        else:
+            try:
+                events, bad = decode_events(value, kind, limits)
+            except BadRecord as exc:
+                events, bad = [], [(None, exc.reason)]
+            routed = [e for e in events if partition_for(e.user_id, partitions) == partition]
+            if len(routed) < len(events):
+                # A user's events must all land on one partition, or its contribution
+                # bound would be split across stage-1 states.
+                bad += [(None, "misrouted: user_id does not hash to this partition")] * (
+                    len(events) - len(routed)
+                )
+            stage1.add_events(pstate, users, routed)
+            for index, reason in bad:
+                await reject(reason, partition, offset, value, index)
+        pstate["last_offset"] = offset
+        stage1_state[pkey] = pstate
+
+    @app.agent(input_topic, name="stage1")
+    async def stage1_agent(stream):
+        async for event in stream.events():
+            msg = event.message
+            try:
+                await handle_input(msg.partition, msg.offset, event.value, msg.headers)
+            except Exception as exc:  # keep the worker alive; the record goes to dead letters
+                log.exception("stage 1 failed on partition %s offset %s", msg.partition, msg.offset)
+                await reject(
+                    f"internal error: {type(exc).__name__}", msg.partition, msg.offset, event.value
+                )
+
+    @app.agent(stage2_topic, name="stage2")
+    async def stage2_agent(stream):
+        async for event in stream.events():
+            report = Report.from_json(orjson.loads(event.value))
+            sstate = stage2_state.get(report.statistic) or Stage2.new_state()
+            releases, ledger = stage2.on_report(sstate, report)
+            for entry in ledger:
+                await ledger_topic.send(key=report.statistic.encode(), value=orjson.dumps(entry))
+            for release in releases:
+                await release_topics[report.statistic].send(
+                    key=report.statistic.encode(), value=orjson.dumps(release)
+                )
+            stage2_state[report.statistic] = sstate
+
+    interval = cfg.ticks.interval_seconds
+    clock = {"last": None}
+
+    @app.timer(min(interval / 4, 1.0), on_leader=True)
+    async def public_clock() -> None:
+        # Tick n covers [n*I, (n+1)*I) of Unix time: boundaries depend on the clock only.
+        closed = math.floor(time.time() / interval) - 1
+        first = closed if clock["last"] is None else clock["last"] + 1
+        for tick in range(first, closed + 1):
+            for partition in range(partitions):
+                await input_topic.send(
+                    value=encode_tick(tick), partition=partition, headers=[(HEADER, TICK)]
+                )
+            clock["last"] = tick
+
+    @app.timer(10.0)
+    async def report_rejections() -> None:
+        if rejected:
+            log.warning("dead-lettered records so far by reason: %s", dict(rejected))
+
+    return app

@@ -1,0 +1,831 @@
+"""A real Apache Kafka broker for tests, the demo and the CLI, without installing Kafka.
+
+Three ways to get a broker, tried in this order by :func:`kafka_broker`:
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` is set: use that cluster, start nothing.
+2. A Docker engine answers: run ``apache/kafka:<KAFKA_VERSION>`` through testcontainers.
+3. Otherwise: :class:`LocalKafka`, a single-node KRaft broker run straight from Kafka's own
+   jars, which Maven fetches once into ``deploy/.cache/kafka-<version>/`` (:func:`fetch_jars`).
+   Needs only a JDK (17+) and Maven.
+
+``dpstream broker start|stop|status`` keeps one :class:`LocalKafka` running in the background;
+its whereabouts live in ``.dpstream/broker.json`` (see :func:`start_detached`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import fcntl
+import gc
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpstream.operators.errors import DpStreamError
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT: Path = Path(__file__).resolve().parents[1]
+"""The source checkout (``pip install -e .`` keeps ``pipeline/`` inside it)."""
+
+KAFKA_VERSION = "4.1.1"
+"""The one Kafka version of dpstream: jars, the test container image and the compose file."""
+
+DEPLOY_DIR: Path = REPO_ROOT / "deploy"
+POM_FILE: Path = DEPLOY_DIR / "pom.xml"
+LOG4J_CONFIG: Path = DEPLOY_DIR / "log4j2.properties"
+KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+HOME_ENV = "DPSTREAM_HOME"
+LOG_LEVEL_ENV = "DPSTREAM_KAFKA_LOG_LEVEL"
+
+_MARKER = ".complete"
+_JVM_HEAP = ("-Xms128m", "-Xmx512m")
+_BIND_ERROR = "Address already in use"
+
+# Broker settings shared by LocalKafka and the test container (the container gets them as
+# KAFKA_* environment variables, so keys must not contain '_' or '-').
+BROKER_DEFAULTS: dict[str, str] = {
+    "num.partitions": "1",
+    "default.replication.factor": "1",
+    "auto.create.topics.enable": "false",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.network.threads": "2",
+    "num.io.threads": "2",
+}
+
+
+class BrokerError(DpStreamError):
+    """A Kafka broker could not be fetched, started, reached or stopped."""
+
+
+# --------------------------------------------------------------------------- jars
+
+
+def jar_dir() -> Path:
+    """Where :func:`fetch_jars` puts the jars of :data:`KAFKA_VERSION`."""
+    return DEPLOY_DIR / ".cache" / f"kafka-{KAFKA_VERSION}"
+
+
+def _require_tool(name: str, hint: str) -> str:
+    if name == "java" and os.environ.get("JAVA_HOME"):
+        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise BrokerError(f"'{name}' was not found on PATH. {hint}")
+    return found
+
+
+def _java() -> str:
+    return _require_tool(
+        "java", "The local Kafka broker needs a JDK 17+ (e.g. apt-get install openjdk-17-jdk)."
+    )
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM_FILE.read_bytes()).hexdigest()
+
+
+def _jars_complete(target: Path) -> bool:
+    marker = target / _MARKER
+    try:
+        return marker.read_text(encoding="utf-8").strip() == _pom_digest()
+    except OSError:
+        return False
+
+
+def fetch_jars(*, quiet: bool = True) -> Path:
+    """Fetch the Kafka broker jars with Maven, once.
+
+    Runs ``mvn dependency:copy-dependencies`` on ``deploy/pom.xml`` into
+    ``deploy/.cache/kafka-<KAFKA_VERSION>/`` unless a marker file from an earlier successful
+    run (holding a digest of the pom) is present. Concurrent callers serialise on a lock file.
+
+    Args:
+        quiet: Pass ``-q`` to Maven and capture its output (shown only on failure).
+
+    Returns:
+        The directory holding the jars (use it as ``<dir>/*`` on a Java classpath).
+
+    Raises:
+        BrokerError: ``deploy/pom.xml`` is missing (not a source checkout), ``mvn`` or
+            ``java`` is not installed, or Maven failed.
+    """
+    if not POM_FILE.is_file():
+        raise BrokerError(
+            f"{POM_FILE} not found: the local Kafka broker needs a dpstream source checkout "
+            "(pip install -e .), or set KAFKA_BOOTSTRAP_SERVERS to use an existing broker."
+        )
+    target = jar_dir()
+    if _jars_complete(target):
+        return target
+    mvn = _require_tool(
+        "mvn", "Install Apache Maven 3.6+ (e.g. apt-get install maven) to fetch the Kafka jars."
+    )
+    _java()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _jars_complete(target):  # another process finished while we waited
+            return target
+        cmd = [
+            mvn,
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(POM_FILE),
+            "dependency:copy-dependencies",
+            f"-Dkafka.version={KAFKA_VERSION}",
+            f"-Djars.dir={target}",
+        ]
+        if quiet:
+            cmd.insert(1, "-q")
+        logger.info("fetching Kafka %s jars with Maven into %s", KAFKA_VERSION, target)
+        started = time.monotonic()
+        # Fixed argument list, no shell: the only inputs are our own paths and constants.
+        result = subprocess.run(  # noqa: S603
+            cmd,
+            cwd=DEPLOY_DIR,
+            stdin=subprocess.DEVNULL,
+            capture_output=quiet,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            output = ((result.stdout or "") + (result.stderr or "")).strip()
+            raise BrokerError(
+                f"Maven could not fetch the Kafka jars (exit {result.returncode}):\n"
+                + _tail_text(output, 40)
+            )
+        if not list(target.glob("kafka_2.13-*.jar")):
+            raise BrokerError(f"Maven succeeded but no kafka_2.13 jar is in {target}")
+        (target / _MARKER).write_text(_pom_digest() + "\n", encoding="utf-8")
+        logger.info("Kafka jars ready in %.1f s", time.monotonic() - started)
+    return target
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _tail_text(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            return _tail_text(fh.read().decode("utf-8", "replace"), lines)
+    except OSError:
+        return "(no broker log)"
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports that were free on 127.0.0.1 a moment ago (all held open until all are chosen)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _cluster_id() -> str:
+    """A Kafka-style cluster id: 16 random bytes, base64url without padding, no leading '-'."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def _admin_config(bootstrap: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "log_level": 0,  # librdkafka otherwise prints every refused connection to stderr
+        "socket.connection.setup.timeout.ms": 1000,
+        "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 250,
+    }
+
+
+def _wait_ready(bootstrap: str, timeout: float, check: Callable[[], None] | None = None) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout
+    admin = AdminClient(_admin_config(bootstrap))
+    last_error = "no answer"
+    while True:
+        if check is not None:
+            check()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BrokerError(
+                f"Kafka at {bootstrap} did not answer within {timeout:.0f} s ({last_error})"
+            )
+        try:
+            metadata = admin.list_topics(timeout=max(0.2, min(1.0, remaining)))
+        except KafkaException as exc:
+            last_error = str(exc)
+        else:
+            if metadata.brokers:
+                return
+            last_error = "metadata without brokers"
+        time.sleep(0.1)
+
+
+def wait_for_metadata(bootstrap: str, timeout: float) -> None:
+    """Block until a Kafka cluster answers a metadata request that lists a broker.
+
+    Args:
+        bootstrap: ``host:port[,host:port...]``.
+        timeout: Seconds to keep trying.
+
+    Raises:
+        BrokerError: No answer within ``timeout``.
+    """
+    _wait_ready(bootstrap, timeout)
+
+
+def _server_properties(port: int, controller_port: int, log_dir: Path) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(log_dir),
+        **BROKER_DEFAULTS,
+    }
+    lines = ["# written by dpstream.pipeline.broker.LocalKafka"]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _proc_cmdline(pid: int) -> str | None:
+    """The command line of ``pid`` on Linux, ``None`` where /proc is unavailable."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return "" if Path("/proc/self").exists() else None
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of ``pid`` if it is our exited child (no zombie left)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _format_storage(java: str, classpath: str, props: Path, cwd: Path) -> None:
+    """Format a new KRaft log dir (``kafka-storage.sh format``) with a fresh cluster id."""
+    # Fixed argument list, no shell: java from PATH/JAVA_HOME, our own paths.
+    fmt = subprocess.run(  # noqa: S603
+        [
+            java,
+            "-XX:TieredStopAtLevel=1",  # a short-lived JVM: skip the optimising compiler
+            "-cp",
+            classpath,
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            _cluster_id(),
+            "-c",
+            str(props),
+        ],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if fmt.returncode != 0:
+        raise BrokerError(
+            f"formatting Kafka storage in {cwd} failed (exit {fmt.returncode}):\n"
+            + _tail_text(fmt.stdout + fmt.stderr, 30)
+        )
+
+
+# --------------------------------------------------------------------------- LocalKafka
+
+
+@dataclass
+class LocalKafka:
+    """A single-node KRaft broker from Kafka's own jars on free loopback ports, data in a temp dir.
+
+    Attributes:
+        bootstrap: ``127.0.0.1:<port>`` for clients.
+        pid: The broker's JVM; it leads its own process group.
+        data_dir: Holds ``server.properties``, ``broker.log`` and the log segments (``data/``).
+        log_file: The broker's stdout/stderr (WARN and above, see ``deploy/log4j2.properties``).
+    """
+
+    bootstrap: str
+    pid: int
+    data_dir: Path
+    log_file: Path
+    owns_data_dir: bool = False
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def start(cls, *, data_dir: Path | None = None, timeout: float = 60.0) -> LocalKafka:
+        """Fetch the jars if needed, format storage, start the broker and wait until it answers.
+
+        Args:
+            data_dir: Where to keep config, log and data. Default: a new temp dir that
+                :meth:`stop` removes. A given dir is kept (and reused if already formatted).
+            timeout: Seconds to wait for the broker to answer a metadata request.
+
+        Returns:
+            The running broker.
+
+        Raises:
+            BrokerError: Missing java/mvn, a failed format, or the broker exited early or did
+                not answer in time (the message carries the end of the broker log).
+        """
+        jars = fetch_jars()
+        owns = data_dir is None
+        base = Path(tempfile.mkdtemp(prefix="dpstream-kafka-")) if owns else Path(data_dir)
+        base = base.resolve()
+        attempts = 3
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    return cls._start_once(jars, base, owns, timeout)
+                except BrokerError as exc:
+                    if _BIND_ERROR not in str(exc) or attempt == attempts:
+                        raise
+                    logger.warning("port taken while starting Kafka, retrying with new ports")
+        except BaseException:
+            if owns:
+                shutil.rmtree(base, ignore_errors=True)
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @classmethod
+    def _start_once(cls, jars: Path, base: Path, owns: bool, timeout: float) -> LocalKafka:
+        started = time.monotonic()
+        java = _java()
+        base.mkdir(parents=True, exist_ok=True)
+        port, controller_port = _free_ports(2)
+        props = base / "server.properties"
+        log_file = base / "broker.log"
+        props.write_text(_server_properties(port, controller_port, base / "data"), "utf-8")
+        classpath = f"{jars}/*"
+
+        if not (base / "data" / "meta.properties").is_file():
+            _format_storage(java, classpath, props, base)
+
+        level = os.environ.get(LOG_LEVEL_ENV, "WARN")
+        cmd = [
+            java,
+            *_JVM_HEAP,
+            "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            f"-Ddpstream.kafka.loglevel={level}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(props),
+        ]
+        with open(log_file, "ab") as log:
+            # Fixed argument list, no shell: java from PATH/JAVA_HOME, our own paths.
+            proc = subprocess.Popen(  # noqa: S603
+                cmd,
+                cwd=base,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: survives a detaching parent
+            )
+        kafka = cls(
+            bootstrap=f"127.0.0.1:{port}",
+            pid=proc.pid,
+            data_dir=base,
+            log_file=log_file,
+            owns_data_dir=owns,
+            _proc=proc,
+        )
+
+        def check() -> None:
+            code = proc.poll()
+            if code is not None:
+                raise BrokerError(
+                    f"Kafka exited during startup (exit {code}); end of {log_file}:\n"
+                    + _tail(log_file)
+                )
+
+        try:
+            _wait_ready(kafka.bootstrap, timeout, check)
+        except BaseException as exc:
+            kafka._kill_quietly(keep_dir=True)
+            if isinstance(exc, BrokerError) and "exited during startup" not in str(exc):
+                raise BrokerError(f"{exc}; end of {log_file}:\n{_tail(log_file)}") from None
+            raise
+        atexit.register(kafka._atexit_stop)
+        logger.info(
+            "Kafka %s up at %s (pid %d) in %.1f s",
+            KAFKA_VERSION,
+            kafka.bootstrap,
+            kafka.pid,
+            time.monotonic() - started,
+        )
+        return kafka
+
+    def is_alive(self) -> bool:
+        """Whether the broker process still runs (a zombie or a reused pid does not count)."""
+        if self._proc is not None:
+            return self._proc.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return False  # someone else's process: ours would be signalable
+        if _is_zombie(self.pid):
+            _reap(self.pid)
+            return False
+        cmdline = _proc_cmdline(self.pid)
+        if cmdline is None:  # no /proc (macOS): trust the pid
+            return True
+        return "kafka.Kafka" in cmdline and str(self.data_dir) in cmdline
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _wait_exit(self, timeout: float) -> bool:
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        deadline = time.monotonic() + timeout
+        while self.is_alive():
+            if time.monotonic() >= deadline:
+                return False
+            _reap(self.pid)
+            time.sleep(0.1)
+        return True
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Shut the broker down cleanly (SIGTERM), SIGKILL if it takes longer than ``timeout``.
+
+        Removes the data dir if :meth:`start` created it. Safe to call twice.
+
+        Args:
+            timeout: Seconds to wait for a clean shutdown before SIGKILL.
+        """
+        atexit.unregister(self._atexit_stop)
+        started = time.monotonic()
+        if self.is_alive():
+            self._signal(signal.SIGTERM)
+            if not self._wait_exit(timeout):
+                logger.warning(
+                    "Kafka pid %d ignored SIGTERM for %.0f s; killing", self.pid, timeout
+                )
+                self._signal(signal.SIGKILL)
+                if not self._wait_exit(10.0):
+                    raise BrokerError(f"Kafka pid {self.pid} survived SIGKILL")
+            logger.info("Kafka at %s stopped in %.1f s", self.bootstrap, time.monotonic() - started)
+        _reap(self.pid)
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _kill_quietly(self, *, keep_dir: bool) -> None:
+        if self.is_alive():
+            self._signal(signal.SIGKILL)
+            self._wait_exit(10.0)
+        _reap(self.pid)
+        if self.owns_data_dir and not keep_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _atexit_stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop(timeout=10.0)
+
+    def detach(self) -> None:
+        """Let the broker outlive this Python process (no stop at exit, no child handle kept)."""
+        atexit.unregister(self._atexit_stop)
+        if self._proc is not None:
+            with warnings.catch_warnings():
+                # Popen warns when dropped while its child runs; that is the point here.
+                warnings.simplefilter("ignore", ResourceWarning)
+                self._proc = None
+
+
+# --------------------------------------------------------------------------- Docker
+
+
+def docker_available() -> bool:
+    """Whether a Docker engine answers a ping within about two seconds. Never raises.
+
+    Looks for the engine where testcontainers would (its ``get_docker_host``: testcontainers
+    properties, ``DOCKER_HOST``, the current docker context), else docker's default socket.
+    """
+    with warnings.catch_warnings():
+        # A failed connection attempt leaves an unclosed socket behind in the docker SDK;
+        # its ResourceWarning must not reach pytest's filterwarnings=error.
+        warnings.simplefilter("ignore")
+        try:
+            import docker
+
+            host: str | None = None
+            with contextlib.suppress(ImportError):
+                from testcontainers.core.docker_client import get_docker_host
+
+                host = get_docker_host()
+            client = (
+                docker.DockerClient(base_url=host, timeout=2)
+                if host
+                else docker.from_env(timeout=2)
+            )
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except Exception:  # any failure means "no usable engine"
+            return False
+        finally:
+            gc.collect()  # drop the failed client's socket while warnings are still ignored
+
+
+_CONTAINER_SCRIPT = "/tmp/dpstream-start.sh"  # noqa: S108 - a path inside the container
+_CONTAINER_PORT = 9092
+
+
+def _container_env(cluster_id: str) -> dict[str, str]:
+    """The apache/kafka image's KAFKA_* variables (advertised listeners come at start)."""
+    env = {
+        "CLUSTER_ID": cluster_id,
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": "PLAINTEXT://0.0.0.0:9092,BROKER://0.0.0.0:9093,"
+        "CONTROLLER://0.0.0.0:9094",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "PLAINTEXT:PLAINTEXT,BROKER:PLAINTEXT,"
+        "CONTROLLER:PLAINTEXT",
+        "KAFKA_INTER_BROKER_LISTENER_NAME": "BROKER",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9094",
+        "KAFKA_LOG_DIRS": "/tmp/kraft-combined-logs",  # noqa: S108 - inside the container
+    }
+    for key, value in BROKER_DEFAULTS.items():
+        env["KAFKA_" + key.upper().replace(".", "_")] = value
+    return env
+
+
+def _container_script(host: str, port: int) -> str:
+    return (
+        "#!/bin/bash\n"
+        f'export KAFKA_ADVERTISED_LISTENERS="PLAINTEXT://{host}:{port},BROKER://$(hostname):9093"\n'
+        "exec /etc/kafka/docker/run\n"
+    )
+
+
+@contextmanager
+def _kafka_container(timeout: float = 120.0) -> Iterator[str]:
+    """Run ``apache/kafka`` through testcontainers and yield its bootstrap string.
+
+    testcontainers' own ``KafkaContainer`` drives Confluent's cp-kafka scripts and rejects
+    ``apache/kafka:4.x`` in KRaft mode (its version check wants >= 7.0.0), so this uses its
+    generic ``DockerContainer`` the way testcontainers-java does for apache/kafka: the
+    container waits for a start script that is written once the mapped port is known.
+    """
+    import io
+    import tarfile
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from testcontainers.core.container import DockerContainer
+
+    container = DockerContainer(KAFKA_IMAGE)
+    for key, value in _container_env(_cluster_id()).items():
+        container.with_env(key, value)
+    container = container.with_exposed_ports(_CONTAINER_PORT).with_command(
+        [
+            "sh",
+            "-c",
+            f"while [ ! -f {_CONTAINER_SCRIPT} ]; do sleep 0.1; done; "
+            f"exec bash {_CONTAINER_SCRIPT}",
+        ]
+    )
+    try:
+        container.start()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            container.stop()
+        raise BrokerError(f"could not start the {KAFKA_IMAGE} container: {exc}") from exc
+    try:
+        host = container.get_container_host_ip()
+        port = int(container.get_exposed_port(_CONTAINER_PORT))
+        script = _container_script(host, port).encode()
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(name=_CONTAINER_SCRIPT.lstrip("/"))
+            info.size = len(script)
+            info.mode = 0o755
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(script))
+        container.get_wrapped_container().put_archive("/", archive.getvalue())
+        bootstrap = f"{host}:{port}"
+        try:
+            wait_for_metadata(bootstrap, timeout)
+        except BrokerError as exc:
+            out, err = container.get_logs()
+            logs = _tail_text((out + err).decode("utf-8", "replace"), 30)
+            raise BrokerError(f"{exc}; container log:\n{logs}") from None
+        logger.info("Kafka container %s up at %s", KAFKA_IMAGE, bootstrap)
+        yield bootstrap
+    finally:
+        container.stop()
+
+
+@contextmanager
+def kafka_broker() -> Iterator[str]:
+    """Yield the bootstrap string of a running Kafka broker; stop it afterwards if started here.
+
+    Order: ``$KAFKA_BOOTSTRAP_SERVERS`` if set and non-empty (nothing is started or stopped);
+    else ``apache/kafka:<KAFKA_VERSION>`` via testcontainers when :func:`docker_available`;
+    else :meth:`LocalKafka.start` (fetching the jars first).
+
+    Yields:
+        ``host:port[,...]`` for ``bootstrap.servers``.
+
+    Raises:
+        BrokerError: No broker could be started.
+    """
+    configured = os.environ.get(BOOTSTRAP_ENV, "").strip()
+    if configured:
+        logger.info("using Kafka at %s from %s", configured, BOOTSTRAP_ENV)
+        yield configured
+        return
+    if docker_available():
+        with _kafka_container() as bootstrap:
+            yield bootstrap
+        return
+    kafka = LocalKafka.start()
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.stop()
+
+
+# --------------------------------------------------------------------------- detached broker
+
+
+def state_file() -> Path:
+    """``.dpstream/broker.json`` under ``$DPSTREAM_HOME`` if set, else under :data:`REPO_ROOT`."""
+    home = os.environ.get(HOME_ENV)
+    return (Path(home) if home else REPO_ROOT) / ".dpstream" / "broker.json"
+
+
+def _read_state() -> dict[str, Any] | None:
+    path = state_file()
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring unreadable broker state %s: %s", path, exc)
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _from_state(state: Mapping[str, Any]) -> LocalKafka:
+    return LocalKafka(
+        bootstrap=str(state["bootstrap"]),
+        pid=int(state["pid"]),
+        data_dir=Path(state["data_dir"]),
+        log_file=Path(state["log_file"]),
+        owns_data_dir=bool(state.get("owns_data_dir", True)),
+    )
+
+
+def status_detached() -> dict[str, Any] | None:
+    """The broker recorded by :func:`start_detached`.
+
+    Returns:
+        ``{bootstrap, pid, data_dir, log_file, owns_data_dir, alive}``, or ``None`` if no
+        broker is recorded.
+    """
+    state = _read_state()
+    if state is None:
+        return None
+    try:
+        alive = _from_state(state).is_alive()
+    except (KeyError, TypeError, ValueError):
+        alive = False
+    return {**state, "alive": alive}
+
+
+def start_detached(timeout: float = 60.0) -> dict[str, Any]:
+    """Start a background :class:`LocalKafka` that outlives this process, or reuse a live one.
+
+    Args:
+        timeout: Seconds to wait for a new broker to answer.
+
+    Returns:
+        ``{bootstrap, pid, data_dir, log_file, owns_data_dir}`` plus ``already_running``.
+
+    Raises:
+        BrokerError: The broker could not be started.
+    """
+    status = status_detached()
+    if status is not None:
+        if status.pop("alive"):
+            return {**status, "already_running": True}
+        stale = _read_state()
+        if stale is not None:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                _from_state(stale).stop()  # dead: only removes its temp data dir
+        state_file().unlink(missing_ok=True)
+    kafka = LocalKafka.start(timeout=timeout)
+    kafka.detach()
+    state = {
+        "bootstrap": kafka.bootstrap,
+        "pid": kafka.pid,
+        "data_dir": str(kafka.data_dir),
+        "log_file": str(kafka.log_file),
+        "owns_data_dir": kafka.owns_data_dir,
+    }
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return {**state, "already_running": False}
+
+
+def stop_detached(timeout: float = 20.0) -> bool:
+    """Stop the broker recorded by :func:`start_detached` and forget it.
+
+    Args:
+        timeout: Seconds to wait for a clean shutdown before SIGKILL.
+
+    Returns:
+        ``False`` if no broker was recorded, else ``True`` (also when it had already died).
+    """
+    state = _read_state()
+    if state is None:
+        state_file().unlink(missing_ok=True)
+        return False
+    try:
+        kafka = _from_state(state)
+    except (KeyError, TypeError, ValueError):
+        logger.warning("broker state %s is malformed; removing it", state_file())
+    else:
+        kafka.stop(timeout=timeout)
+    state_file().unlink(missing_ok=True)
+    return True

@@ -1,0 +1,273 @@
+"""The ``dpstream`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from dpstream.config.schema import ConfigError, PipelineConfig, load_config
+from dpstream.operators.errors import DpStreamError
+
+log = logging.getLogger("dpstream")
+
+
+def resolve_bootstrap(arg: str | None) -> str:
+    """--bootstrap, else KAFKA_BOOTSTRAP_SERVERS, else the broker of `dpstream broker start`."""
+    if arg:
+        return arg
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    from .broker import status_detached
+
+    status = status_detached()
+    if status and status.get("alive"):
+        return str(status["bootstrap"])
+    raise DpStreamError(
+        "no Kafka broker: pass --bootstrap, set KAFKA_BOOTSTRAP_SERVERS, "
+        "or run `dpstream broker start`"
+    )
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from . import broker
+
+    if args.action == "fetch":
+        print(broker.fetch_jars())
+    elif args.action == "start":
+        info = broker.start_detached()
+        print(f"Kafka broker running at {info['bootstrap']}")
+        print(f"  export KAFKA_BOOTSTRAP_SERVERS={info['bootstrap']}")
+    elif args.action == "stop":
+        print("stopped" if broker.stop_detached() else "no local broker was running")
+    else:
+        status = broker.status_detached()
+        if not status:
+            print("no local broker")
+            return 1
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2, default=str).decode())
+        return 0 if status.get("alive") else 1
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.file)
+    print(f"{args.file}: OK")
+    print(
+        f"  input {cfg.input.topic} ({cfg.input.partitions} partitions), "
+        f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
+    )
+    spent = 0.0
+    for s in cfg.statistics:
+        spent += s.epsilon
+        print(
+            f"  {s.name}: {s.kind} via {s.mechanism} tree, epsilon={s.epsilon:g}, tau={s.tau}"
+            + (f", key={s.key}" if s.key else "")
+            + f" -> {cfg.release_topic(s.name)}"
+        )
+    print(
+        f"  per-user loss across statistics: {spent:g} of total_epsilon="
+        f"{cfg.privacy.total_epsilon:g} ({cfg.privacy.neighbours.value} neighbours)"
+    )
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel)
+    return 0
+
+
+def run_worker(cfg: PipelineConfig, bootstrap: str, loglevel: str = "info") -> None:
+    import faust
+
+    from .app import create_app
+    from .topics import ensure_topics
+    from .worker_support import load_noise
+
+    noise = load_noise(cfg)  # before anything else: no key, no start
+    ensure_topics(cfg, bootstrap)
+    datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
+    app = create_app(cfg, bootstrap, noise, datadir)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+    worker.execute_from_commandline()
+
+
+def _jsonl(path: str):
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    yield orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    raise DpStreamError(f"{path}:{lineno}: not valid JSON") from None
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from .clients import make_producer, produce_events
+    from .synthetic import synthetic_events
+    from .topics import ensure_topics
+
+    cfg = load_config(args.config)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    ensure_topics(cfg, bootstrap)
+    if args.events:
+        events = list(_jsonl(args.events))
+    else:
+        events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
+    producer = make_producer(bootstrap)
+    chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
+    sent = 0
+    start = time.monotonic()
+    for i in range(0, len(events), chunk):
+        sent += produce_events(producer, cfg, events[i : i + chunk], batch=args.batch)
+        if args.rate:
+            time.sleep(max(0.0, start + sent / args.rate - time.monotonic()))
+    producer.flush(30)
+    print(f"produced {sent} events to {cfg.input.topic}")
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from .clients import read_releases
+
+    cfg = load_config(args.config)
+    consumer = read_releases(
+        resolve_bootstrap(args.bootstrap),
+        cfg.release_topic(args.statistic),
+        from_beginning=args.from_beginning,
+    )
+    seen = 0
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    try:
+        while (args.max is None or seen < args.max) and (
+            deadline is None or time.monotonic() < deadline
+        ):
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            sys.stdout.write(msg.value().decode() + "\n")
+            sys.stdout.flush()
+            seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import replay_file
+    from .worker_support import load_noise
+
+    cfg = load_config(args.config)
+    for line in replay_file(cfg, args.events, load_noise(cfg)):
+        sys.stdout.write(line.decode() + "\n")
+    return 0
+
+
+def cmd_export_log(args: argparse.Namespace) -> int:
+    from .clients import export_log
+
+    cfg = load_config(args.config)
+    out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
+    try:
+        for line in export_log(cfg, resolve_bootstrap(args.bootstrap)):
+            out.write(line + b"\n")
+    finally:
+        if args.out:
+            out.close()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(duration=args.duration, users=args.users, rate=args.rate, out=Path(args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpstream", description="Differentially private running statistics over Kafka."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", required=True, help="pipeline definition (YAML)")
+        p.add_argument("--bootstrap", help="Kafka bootstrap servers (host:port,...)")
+        return p
+
+    p = sub.add_parser("broker", help="local Apache Kafka (KRaft) broker from Kafka's jars")
+    p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("check-config", help="validate a pipeline definition")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_check_config)
+
+    p = with_config(sub.add_parser("worker", help="run a dpstream worker (Faust)"))
+    p.add_argument("--loglevel", default="info")
+    p.set_defaults(func=cmd_worker)
+
+    p = with_config(sub.add_parser("produce", help="produce events to the input topic"))
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--events", help="JSONL file of events")
+    src.add_argument("--synthetic-users", type=int, help="generate events from N users")
+    p.add_argument("--count", type=int, default=10_000, help="synthetic events to produce")
+    p.add_argument(
+        "--rate", type=float, default=0, help="events per second (0: as fast as possible)"
+    )
+    p.add_argument("--batch", type=int, default=1, help="events per batch envelope (1: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_produce)
+
+    p = with_config(sub.add_parser("tail", help="print a statistic's releases as JSONL"))
+    p.add_argument("statistic")
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--max", type=int)
+    p.add_argument("--timeout", type=float, help="stop after this many seconds")
+    p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
+    p.add_argument("--config", required=True)
+    p.add_argument("--events", required=True, help='JSONL log with {"tick": n} markers')
+    p.set_defaults(func=cmd_replay)
+
+    p = with_config(sub.add_parser("export-log", help="write the input topic as a replay log"))
+    p.add_argument("--out", help="output file (default: stdout)")
+    p.set_defaults(func=cmd_export_log)
+
+    p = sub.add_parser("demo", help="broker + worker + synthetic users, live private counts")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of event traffic")
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--rate", type=float, default=300.0, help="events per second")
+    p.add_argument("--out", default="demo-out", help="folder for the plot and logs")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"dpstream: config error: {exc}", file=sys.stderr)
+        return 2
+    except DpStreamError as exc:
+        print(f"dpstream: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""confluent-kafka tools: the project's producer (single events and batch envelopes),
+the input-topic export for replay, and a release reader."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from dpstream.config.schema import PipelineConfig
+
+from .records import (
+    BATCH,
+    HEADER,
+    TICK,
+    BadRecord,
+    decode_events,
+    decode_tick,
+    event_json,
+    header_kind,
+    partition_for,
+)
+from .worker_support import limits_for
+
+
+def make_producer(bootstrap: str, **overrides: object) -> Producer:
+    conf = {
+        "bootstrap.servers": bootstrap,
+        # Java-compatible murmur2, the partitioner Faust/aiokafka use, so a user's events
+        # and that user's stage-1 state share a partition.
+        "partitioner": "murmur2_random",
+        "linger.ms": 20,
+        "compression.type": "lz4",
+        "enable.idempotence": True,
+        "log_level": 0,
+    }
+    conf.update(overrides)
+    return Producer(conf)
+
+
+def produce_events(
+    producer: Producer, cfg: PipelineConfig, events: Iterable[dict], batch: int = 1
+) -> int:
+    """Send events keyed by user_id; with ``batch > 1`` as envelopes grouped by partition."""
+    topic, partitions = cfg.input.topic, cfg.input.partitions
+    sent = 0
+    buffers: dict[int, list[dict]] = defaultdict(list)
+
+    def flush_partition(partition: int) -> None:
+        events_ = buffers.pop(partition)
+        producer.produce(
+            topic, value=orjson.dumps(events_), partition=partition, headers=[(HEADER, BATCH)]
+        )
+
+    for event in events:
+        user_id = str(event["user_id"])
+        if batch <= 1:
+            producer.produce(topic, key=user_id.encode(), value=orjson.dumps(event))
+        else:
+            partition = partition_for(user_id, partitions)
+            buffers[partition].append(event)
+            if len(buffers[partition]) >= batch:
+                flush_partition(partition)
+        sent += 1
+        producer.poll(0)
+    for partition in list(buffers):
+        flush_partition(partition)
+    return sent
+
+
+def _consumer(bootstrap: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "dpstream-tools",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": 0,
+        }
+    )
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0):
+    """Every record of ``topic`` up to its current end, per partition, in offset order.
+
+    Returns {partition: [(offset, headers, value)]}.
+    """
+    consumer = _consumer(bootstrap)
+    try:
+        starts, ends = {}, {}
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            if high > low:
+                starts[p], ends[p] = low, high
+        out: dict[int, list] = {p: [] for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
+        remaining = set(ends)
+        while remaining:
+            msg = consumer.poll(timeout)
+            if msg is None:
+                raise TimeoutError(f"reading {topic}: no record within {timeout}s")
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(str(msg.error()))
+            p = msg.partition()
+            out[p].append((msg.offset(), msg.headers() or [], msg.value()))
+            if msg.offset() >= ends[p] - 1:
+                remaining.discard(p)
+                consumer.pause([TopicPartition(topic, p)])
+        return out
+    finally:
+        consumer.close()
+
+
+def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
+    """The input topic as a replay log (see ``replay.py``): the events stage 1 accepted,
+    grouped into the ticks that closed in every partition, each tick ended by a marker."""
+    partitions = cfg.input.partitions
+    limits = limits_for(cfg)
+    per_partition = read_topic(bootstrap, cfg.input.topic, partitions)
+    ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> accepted events
+    firsts, lasts = [], []
+    for p in range(partitions):
+        by_tick: dict[int, list[dict]] = defaultdict(list)
+        buffered: list[dict] = []
+        first = last = None
+        for _, headers, value in per_partition[p]:
+            kind = header_kind(headers)
+            try:
+                if kind == TICK:
+                    tick = decode_tick(value or b"")
+                    if last is not None and tick <= last:
+                        continue
+                    by_tick[tick] = buffered
+                    buffered = []
+                    first = tick if first is None else first
+                    last = tick
+                    continue
+                events, _ = decode_events(value, kind, limits)
+            except BadRecord:
+                continue
+            buffered += [event_json(e) for e in events if partition_for(e.user_id, partitions) == p]
+        if first is None:
+            return  # a partition without a closed tick: nothing has been released yet
+        ticks.append(by_tick)
+        firsts.append(first)
+        lasts.append(last)
+    for tick in range(min(firsts), min(lasts) + 1):
+        for p in range(partitions):
+            for event in ticks[p].get(tick, ()):
+                yield orjson.dumps(event)
+        yield orjson.dumps({"tick": tick})
+
+
+def read_releases(
+    bootstrap: str, topic: str, *, from_beginning: bool = True, group: str | None = None
+) -> Consumer:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group or f"dpstream-tail-{topic}",
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": 0,
+        }
+    )
+    consumer.subscribe([topic])
+    return consumer

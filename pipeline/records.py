@@ -1,0 +1,160 @@
+"""Wire formats of the input topic, and their validation.
+
+An input record is one of:
+  * an event: a JSON object ``{"user_id": str, "value"?: number, "key"?: str, "ts"?: number|str}``
+    keyed by user_id;
+  * a batch envelope (header ``dpstream: batch``): a JSON array of events whose users all
+    hash to the record's partition (our producer groups them so);
+  * a tick marker (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
+    clock into every partition. Events between markers n-1 and n belong to tick n.
+
+Anything else is rejected with a reason and goes to the dead-letter topic. Reasons
+name the problem, never the raw value (user ids and payloads stay out of logs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import orjson
+from aiokafka.partitioner import murmur2
+
+HEADER = "dpstream"
+TICK = b"tick"
+BATCH = b"batch"
+
+
+class BadRecord(Exception):  # noqa: N818 - it is a verdict on input, not a program error
+    """An input record (or one event of an envelope) that cannot be used, and why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    user_id: str
+    key: str | None
+    value: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_record_bytes: int
+    max_user_id_length: int
+    # Event keys some statistic filters on; None means keys are free-form.
+    known_keys: frozenset[str] | None
+
+
+def partition_for(user_id: str, partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner picks for key ``user_id``."""
+    return (murmur2(user_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) -> bytes | None:
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, dict) else headers
+    for name, value in items:
+        if name == HEADER:
+            return bytes(value)
+    return None
+
+
+def parse_event(obj: object, limits: Limits) -> Event:
+    if not isinstance(obj, dict):
+        raise BadRecord("event is not a JSON object")
+    user_id = obj.get("user_id")
+    if user_id is None:
+        raise BadRecord("missing user_id")
+    if not isinstance(user_id, str):
+        raise BadRecord("user_id is not a string")
+    if not user_id.strip():
+        raise BadRecord("empty user_id")
+    if len(user_id) > limits.max_user_id_length:
+        raise BadRecord("user_id too long")
+    key = obj.get("key")
+    if key is not None:
+        if not isinstance(key, str):
+            raise BadRecord("key is not a string")
+        if limits.known_keys is not None and key not in limits.known_keys:
+            raise BadRecord("unknown statistic key")
+    value = obj.get("value")
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadRecord("value is not a number")
+        if not math.isfinite(value):
+            raise BadRecord("value is not finite")
+        value = float(value)
+    ts = obj.get("ts")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float, str))):
+        raise BadRecord("ts is not a number or string")
+    return Event(user_id=user_id, key=key, value=value)
+
+
+def _loads(value: bytes) -> object:
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        # orjson refuses NaN, Infinity and overflowing numbers; say so precisely.
+        if "infinity" in str(exc) or b"NaN" in value or b"Infinity" in value:
+            raise BadRecord("non-finite number (NaN or infinity)") from None
+        raise BadRecord("malformed JSON") from None
+
+
+def decode_tick(value: bytes) -> int:
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        raise BadRecord("malformed tick marker") from None
+    tick = obj.get("tick") if isinstance(obj, dict) else None
+    if isinstance(tick, bool) or not isinstance(tick, int) or tick < 0:
+        raise BadRecord("malformed tick marker")
+    return tick
+
+
+def encode_tick(tick: int) -> bytes:
+    return orjson.dumps({"tick": tick})
+
+
+def decode_events(
+    value: bytes | None, kind: bytes | None, limits: Limits
+) -> tuple[list[Event], list[tuple[int, str]]]:
+    """Decode an event record or envelope.
+
+    Returns the good events and, for an envelope, (index, reason) for each bad event in
+    it: one bad event does not sink its neighbours. Raises BadRecord when the record as
+    a whole is unusable.
+    """
+    if value is None:
+        raise BadRecord("empty record")
+    if len(value) > limits.max_record_bytes:
+        raise BadRecord("oversized record")
+    obj = _loads(value)
+    if kind == BATCH:
+        if not isinstance(obj, list):
+            raise BadRecord("batch envelope is not a JSON array")
+        good: list[Event] = []
+        bad: list[tuple[int, str]] = []
+        for i, item in enumerate(obj):
+            try:
+                good.append(parse_event(item, limits))
+            except BadRecord as exc:
+                bad.append((i, exc.reason))
+        return good, bad
+    if kind is not None:
+        raise BadRecord("unknown dpstream header")
+    return [parse_event(obj, limits)], []
+
+
+def event_json(event: Event) -> dict[str, object]:
+    """The canonical JSON form of a validated event (used by export and replay logs)."""
+    out: dict[str, object] = {"user_id": event.user_id}
+    if event.key is not None:
+        out["key"] = event.key
+    if event.value is not None:
+        out["value"] = event.value
+    return out

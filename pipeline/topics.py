@@ -1,0 +1,49 @@
+"""Topic layout and creation (confluent-kafka admin)."""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dpstream.config.schema import ConfigError, PipelineConfig
+
+log = logging.getLogger(__name__)
+
+
+def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
+    """Every topic dpstream writes or reads (Faust's changelogs aside), with its partitions."""
+    plan = {cfg.input.topic: cfg.input.partitions, cfg.stage2_topic: cfg.input.partitions}
+    for stat in cfg.statistics:
+        plan[cfg.release_topic(stat.name)] = 1  # one partition: releases stay in tick order
+    plan[cfg.outputs.dead_letter_topic] = 1
+    plan[cfg.outputs.ledger_topic] = 1
+    return plan
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+
+
+def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
+    """Create missing topics; stop with a ConfigError if the input topic has the wrong shape."""
+    client = admin(bootstrap)
+    existing = client.list_topics(timeout=timeout).topics
+    plan = topic_plan(cfg)
+    for name in (cfg.input.topic, cfg.stage2_topic):
+        if name in existing and len(existing[name].partitions) != plan[name]:
+            raise ConfigError(
+                f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
+                f"partitions, the config says {plan[name]}"
+            )
+    missing = [NewTopic(n, p, 1) for n, p in plan.items() if n not in existing]
+    if not missing:
+        return
+    for name, future in client.create_topics(missing, operation_timeout=timeout).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent worker won
+                raise
+        log.info("created topic %s", name)

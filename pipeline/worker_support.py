@@ -1,0 +1,54 @@
+"""Small pieces the worker, replay and tools share: limits, noise key loading."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
+from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
+
+from .records import Limits
+
+MIN_KEY_BYTES = 16
+
+
+def limits_for(cfg: PipelineConfig) -> Limits:
+    keys = {s.key for s in cfg.statistics if s.key is not None}
+    return Limits(
+        max_record_bytes=cfg.input.max_record_bytes,
+        max_user_id_length=cfg.input.max_user_id_length,
+        known_keys=frozenset(keys) if keys else None,
+    )
+
+
+def load_noise(cfg: PipelineConfig) -> NoiseSource:
+    """The noise source the config asks for. The key is read here and never logged.
+
+    Raises:
+        ConfigError: keyed mode without a usable key; the message names the field.
+    """
+    if cfg.noise.mode is NoiseMode.insecure_zero:
+        return ZeroNoise()
+    material: bytes | None = None
+    if cfg.noise.key_file is not None:
+        try:
+            material = cfg.noise.key_file.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"noise.key_file: cannot read key file: {exc.strerror}") from None
+        field = "noise.key_file"
+    elif cfg.noise.key_env:
+        value = os.environ.get(cfg.noise.key_env)
+        if value is None:
+            raise ConfigError(
+                f"noise.key_env: environment variable {cfg.noise.key_env} is not set "
+                "(set it, or noise.key_file, to at least 16 secret random bytes)"
+            )
+        material = value.strip().encode()
+        field = "noise.key_env"
+    else:
+        raise ConfigError("noise: keyed mode needs noise.key_file or noise.key_env")
+    if len(material) < MIN_KEY_BYTES:
+        raise ConfigError(f"{field}: the noise key must be at least {MIN_KEY_BYTES} bytes")
+    # Fixed-length key for the keyed construction, whatever the material's length.
+    return KeyedNoise(hashlib.sha256(b"dpstream-noise-key\0" + material).digest())

@@ -1,0 +1,208 @@
+"""The shared Kafka broker helper: a real broker, a real round trip, a clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dpstream.pipeline import broker
+from dpstream.pipeline.broker import (
+    KAFKA_VERSION,
+    REPO_ROOT,
+    LocalKafka,
+    docker_available,
+    kafka_broker,
+    start_detached,
+    status_detached,
+    stop_detached,
+)
+
+QUIET = {"log_level": 0}
+
+
+def _port_closed(bootstrap: str) -> bool:
+    host, _, port = bootstrap.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, int(port))) != 0
+
+
+def _process_gone(pid: int) -> bool:
+    """No such process, or only a zombie left for a parent that is not us to reap."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def _round_trip(bootstrap: str, n: int = 100) -> None:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"dpstream-broker-test-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    new_topic = NewTopic(topic, num_partitions=1, replication_factor=1)
+    for future in admin.create_topics([new_topic]).values():
+        future.result(timeout=30)
+
+    errors: list[object] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **QUIET})
+    for i in range(n):
+        producer.produce(
+            topic,
+            key=f"user-{i % 7}".encode(),
+            value=str(i).encode(),
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0
+    assert errors == []
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **QUIET,
+        }
+    )
+    received: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(received) < n and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            received.append(msg.value())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    assert received == [str(i).encode() for i in range(n)]
+
+
+# --------------------------------------------------------------------------- fast
+
+
+def test_kafka_broker_uses_env_bootstrap_and_starts_nothing(monkeypatch):
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("kafka_broker() must not start a broker when the env var is set")
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka.example:19092,other:9092")
+    monkeypatch.setattr(broker, "docker_available", forbidden)
+    monkeypatch.setattr(broker, "fetch_jars", forbidden)
+    monkeypatch.setattr(LocalKafka, "start", classmethod(forbidden))
+    with kafka_broker() as bootstrap:
+        assert bootstrap == "kafka.example:19092,other:9092"
+
+
+def test_kafka_version_is_the_same_everywhere():
+    pom = (REPO_ROOT / "deploy" / "pom.xml").read_text()
+    assert re.search(r"<kafka\.version>(.+?)</kafka\.version>", pom).group(1) == KAFKA_VERSION
+    compose = (REPO_ROOT / "deploy" / "docker-compose.yml").read_text()
+    assert f"apache/kafka:{KAFKA_VERSION}" in compose
+
+
+def test_fetch_jars_explains_missing_maven(monkeypatch, tmp_path):
+    monkeypatch.setattr(broker, "jar_dir", lambda: tmp_path / "jars")
+    monkeypatch.setattr(broker.shutil, "which", lambda _name: None)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(broker.BrokerError, match="'mvn' was not found"):
+        broker.fetch_jars()
+
+
+def test_docker_available_is_fast_and_never_raises():
+    started = time.monotonic()
+    assert isinstance(docker_available(), bool)
+    assert time.monotonic() - started < 5
+
+
+# --------------------------------------------------------------------------- real broker
+
+
+@pytest.mark.integration
+def test_kafka_broker_round_trip_and_clean_stop(monkeypatch):
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    started: list[LocalKafka] = []
+    original_start = LocalKafka.start.__func__
+
+    def spy(cls, **kwargs):
+        kafka = original_start(cls, **kwargs)
+        started.append(kafka)
+        return kafka
+
+    monkeypatch.setattr(LocalKafka, "start", classmethod(spy))
+
+    with kafka_broker() as bootstrap:
+        if started:
+            assert started[0].is_alive()
+        _round_trip(bootstrap)
+
+    assert _port_closed(bootstrap)
+    if started:  # the local-jar broker (no Docker engine here)
+        kafka = started[0]
+        assert not kafka.is_alive()
+        assert _process_gone(kafka.pid)
+        assert not kafka.data_dir.exists()
+
+
+@pytest.mark.integration
+def test_detached_broker_lifecycle(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPSTREAM_HOME", str(tmp_path))
+    state_file = tmp_path / ".dpstream" / "broker.json"
+    assert status_detached() is None
+    assert stop_detached() is False
+
+    # Start it from another process, as `dpstream broker start` would: that process must
+    # exit promptly (the JVM must not hold its stdout) and the broker must outlive it.
+    code = (
+        "import json; from dpstream.pipeline.broker import start_detached; "
+        "print(json.dumps(start_detached()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "DPSTREAM_HOME": str(tmp_path)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout.strip().splitlines()[-1])
+    assert info["already_running"] is False
+    assert json.loads(state_file.read_text())["pid"] == info["pid"]
+
+    try:
+        status = status_detached()
+        assert status is not None and status["alive"] is True
+        assert status["bootstrap"] == info["bootstrap"]
+
+        again = start_detached()
+        assert again["already_running"] is True
+        assert again["pid"] == info["pid"]
+
+        broker.wait_for_metadata(info["bootstrap"], timeout=10)
+    finally:
+        assert stop_detached() is True
+
+    assert not state_file.exists()
+    assert status_detached() is None
+    assert stop_detached() is False
+    assert _process_gone(info["pid"])
+    assert _port_closed(info["bootstrap"])
+    assert not Path(info["data_dir"]).exists()

@@ -1,0 +1,154 @@
+"""Binary tree counter, spec 001 section 2.2 and Example C."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpstream.operators import tree_counter as tc
+from dpstream.operators.errors import InvalidOperatorConfig
+from dpstream.operators.noise import (
+    KeyedNoise,
+    RecordingNoise,
+    SeededNoise,
+    ZeroNoise,
+    discrete_laplace_variance,
+    laplace_variance,
+)
+
+
+def run(spec: tc.BinaryTreeSpec, weights: list[int], noise) -> tuple[tc.BinaryTreeState, list]:
+    state, releases = tc.init(), []
+    for w in weights:
+        state, rel = tc.step(spec, state, w, noise)
+        releases.append(rel)
+    return state, releases
+
+
+def test_example_c_nodes_scales_and_variance():
+    spec = tc.make_binary_tree(1, 1, ("s", 0))
+    nodes = tc.release_nodes(spec, 13)
+    # P0[1], P1[2-3], P2[4-7], alpha_2[8-11], alpha_1[12-13]
+    assert [n[2:] for n, _ in nodes] == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 2, 0), (3, 1, 2)]
+    assert [s for _, s in nodes] == [1, 2, 3, 4, 4]
+    assert sum(laplace_variance(s) for _, s in nodes) == 92
+    # The release's std is the exact discrete-Laplace one, a little below 2b^2.
+    assert tc.std(spec, 13) == pytest.approx(
+        math.sqrt(sum(discrete_laplace_variance(s) for s in (1, 2, 3, 4, 4))), rel=1e-12
+    )
+
+
+def test_example_c_exact_parts_on_all_ones_stream():
+    spec = tc.make_binary_tree(1, 1, ("s", 0))
+    state, releases = run(spec, [1] * 13, ZeroNoise())
+    assert state.period_totals == (1, 2, 4)
+    assert state.alpha == (0, 2, 4, 0)  # alpha_1[12-13] = 2, alpha_2[8-11] = 4
+    assert [r.value for r in releases] == list(range(1, 14))
+
+
+def test_example_c_user_level_scales():
+    # tau = 4, eps_inst = 0.25: every scale times 16, Var = 23552.
+    spec = tc.make_binary_tree(Fraction(1, 4), 4, ("s", 0))
+    assert sum(laplace_variance(s) for _, s in tc.release_nodes(spec, 13)) == 23552
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=300))
+def test_zero_noise_releases_the_exact_prefix_sums(weights):
+    spec = tc.make_binary_tree(0.5, 3, ("s", 0))
+    state, releases = run(spec, weights, ZeroNoise())
+    assert [r.value for r in releases] == list(np.cumsum(weights))
+    assert tc.exact_value(state) == sum(weights)
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 7, 8, 13, 64, 100, 1023, 1024, 1025])
+def test_noise_structure_per_step(t):
+    """floor(log2 t) period totals plus popcount(k) live nodes; a closed period's top node
+    is its total (spec 001 oracle 6)."""
+    spec = tc.make_binary_tree(1, 2, ("s", 0))
+    recorder = RecordingNoise(ZeroNoise())
+    state = tc.BinaryTreeState()
+    for _ in range(t - 1):
+        state, _ = tc.step(spec, state, 1, ZeroNoise())
+    tc.step(spec, state, 1, recorder)
+    period, k = tc.period_of(t)
+    expected = period + bin(k).count("1") if k != 1 << period else period + 1
+    assert len(recorder.calls) == expected
+    for node, scale, _ in recorder.calls:
+        assert scale == (node[2] + 1) * 2  # (l + 1) * tau / eps
+
+
+def test_keyed_noise_is_replay_safe_after_a_restart():
+    key = bytes(range(32))
+    spec = tc.make_binary_tree(1, 4, ("events", 0))
+    weights = [3, 0, 5, 1, 0, 0, 7, 2, 2, 9]
+    _, first = run(spec, weights, KeyedNoise(key))
+    # "Crash" after 6 steps: persist the state as JSON, restore into a fresh process-like run.
+    state, _ = run(spec, weights[:6], KeyedNoise(key))
+    restored = tc.BinaryTreeState(
+        **{
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in orjson.loads(orjson.dumps(state)).items()
+        }
+    )
+    assert restored == state
+    rest = []
+    for w in weights[6:]:
+        restored, rel = tc.step(spec, restored, w, KeyedNoise(key))
+        rest.append(rel)
+    assert rest == first[6:]
+    _, other = run(spec, weights, KeyedNoise(bytes(32)))
+    assert [r.value for r in other] != [r.value for r in first]
+
+
+def test_counters_with_different_prefixes_do_not_share_noise():
+    key = bytes(range(32))
+    a = tc.make_binary_tree(1, 1, ("a", 0))
+    b = tc.make_binary_tree(1, 1, ("b", 0))
+    _, ra = run(a, [0] * 40, KeyedNoise(key))
+    _, rb = run(b, [0] * 40, KeyedNoise(key))
+    assert [r.value for r in ra] != [r.value for r in rb]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilon": 0, "sensitivity": 1}, "epsilon must be finite and > 0, got Fraction(0, 1)"),
+        ({"epsilon": -1.5, "sensitivity": 1}, "epsilon must be finite and > 0"),
+        ({"epsilon": 1, "sensitivity": 0}, "sensitivity must be >= 1, got 0"),
+        ({"epsilon": 1, "sensitivity": 2.5}, "sensitivity must be an integer, got 2.5"),
+    ],
+)
+def test_make_rejects_bad_parameters(kwargs, message):
+    with pytest.raises(
+        InvalidOperatorConfig, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        tc.make_binary_tree(node_prefix=("s", 0), **kwargs)
+
+
+def test_epsilon_is_the_decimal_the_user_wrote():
+    assert tc.make_binary_tree(0.1, 1, ("s", 0)).epsilon == Fraction(1, 10)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("t", [13, 24])
+def test_empirical_variance_matches_exact_variance(t):
+    """S2 of spec 001: Var(released - exact) equals the exact variance.
+
+    n = 6000 runs. For a sum of independent discrete Laplace terms the kurtosis is at most
+    6 (that of one Laplace), so the sample variance has relative standard error at most
+    sqrt((6 - 1) / n) = 2.9%; 5 standard errors give the 14.5% tolerance (seeded).
+    """
+    n = 6000
+    spec = tc.make_binary_tree(1, 1, ("s", 0))
+    noise = SeededNoise(20261122 + t)
+    state, _ = run(spec, [1] * (t - 1), ZeroNoise())  # exact state: independent of noise
+    errors = [tc.step(spec, state, 1, noise)[1].value - t for _ in range(n)]
+    var = float(np.var(errors))
+    assert var == pytest.approx(tc.std(spec, t) ** 2, rel=5 * math.sqrt(5 / n))

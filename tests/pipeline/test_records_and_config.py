@@ -1,0 +1,179 @@
+"""Input validation and config errors: each names what is wrong."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+
+from dpstream.config.schema import ConfigError, load_config, parse_config
+from dpstream.pipeline.records import (
+    BATCH,
+    TICK,
+    BadRecord,
+    Limits,
+    decode_events,
+    decode_tick,
+    header_kind,
+    partition_for,
+)
+from dpstream.pipeline.worker_support import load_noise
+
+LIMITS = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=frozenset({"click"}))
+
+BASE = {
+    "privacy": {"total_epsilon": 2.0},
+    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
+}
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"{not json", "malformed JSON"),
+        (b'{"value": 1}', "missing user_id"),
+        (b'{"user_id": 42}', "user_id is not a string"),
+        (b'{"user_id": "  "}', "empty user_id"),
+        (b'{"user_id": "' + b"u" * 65 + b'"}', "user_id too long"),
+        (b'{"user_id": "u", "value": "3"}', "value is not a number"),
+        (b'{"user_id": "u", "value": true}', "value is not a number"),
+        (b'{"user_id": "u", "value": NaN}', "non-finite number (NaN or infinity)"),
+        (b'{"user_id": "u", "value": 1e999}', "non-finite number (NaN or infinity)"),
+        (b'{"user_id": "u", "key": 7}', "key is not a string"),
+        (b'{"user_id": "u", "key": "nope"}', "unknown statistic key"),
+        (b'{"user_id": "u", "ts": [1]}', "ts is not a number or string"),
+        (b"[1, 2]", "event is not a JSON object"),
+        (b'{"user_id": "u", "pad": "' + b"x" * 3000 + b'"}', "oversized record"),
+    ],
+)
+def test_bad_events_are_rejected_with_their_reason(payload, reason):
+    with pytest.raises(BadRecord) as info:
+        decode_events(payload, None, LIMITS)
+    assert info.value.reason == reason
+    assert "u" * 10 not in info.value.reason  # reasons never echo payloads
+
+
+def test_envelope_keeps_good_events_and_reports_bad_ones_by_index():
+    payload = orjson.dumps([{"user_id": "a"}, {"user_id": ""}, {"user_id": "b", "key": "click"}])
+    good, bad = decode_events(payload, BATCH, LIMITS)
+    assert [e.user_id for e in good] == ["a", "b"]
+    assert bad == [(1, "empty user_id")]
+    with pytest.raises(BadRecord, match="not a JSON array"):
+        decode_events(b'{"user_id": "a"}', BATCH, LIMITS)
+
+
+def test_tick_markers_and_headers():
+    assert decode_tick(b'{"tick": 12}') == 12
+    for bad in (b'{"tick": -1}', b'{"tick": "3"}', b"[]", b"x"):
+        with pytest.raises(BadRecord, match="malformed tick marker"):
+            decode_tick(bad)
+    assert header_kind([("dpstream", b"tick")]) == TICK
+    assert header_kind({"dpstream": b"batch"}) == BATCH
+    assert header_kind(None) is None
+
+
+@pytest.mark.parametrize(
+    ("key", "java_murmur2"),
+    # Kafka's UtilsTest.testMurmur2 vectors (signed 32-bit results of Utils.murmur2).
+    [
+        ("21", -973932308),
+        ("foobar", -790332482),
+        ("a-little-bit-long-string", -985981536),
+        ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+        ("abc", 479470107),
+    ],
+)
+def test_partition_for_matches_the_java_default_partitioner(key, java_murmur2):
+    for n in (1, 3, 4, 7, 64):
+        # DefaultPartitioner: Utils.toPositive(murmur2(key)) % n, toPositive = x & 0x7fffffff
+        assert partition_for(key, n) == (java_murmur2 & 0x7FFFFFFF) % n
+
+
+def _cfg(**changes):
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        target = data
+        *parents, last = path.split("__")
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
+        target[last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"statistics__0__epsilon": -1}, "statistics[0].epsilon: Input should be greater than 0"),
+        ({"statistics__0__tau": 0}, "statistics[0].tau: Input should be greater than or equal"),
+        ({"statistics__0__kind": "median"}, "statistics[0].kind: Input should be 'count'"),
+        ({"statistics__0__name": "bad name!"}, "statistics[0].name: must match"),
+        ({"statistics__0__bogus": 1}, "statistics[0].bogus: Extra inputs are not permitted"),
+        ({"input__partitions": 0}, "input.partitions: Input should be greater than or equal to 1"),
+        ({"input__topic": "a topic"}, "input.topic: must be a Kafka topic name"),
+        ({"ticks__interval_seconds": 0}, "ticks.interval_seconds: Input should be greater than 0"),
+        ({"privacy__total_epsilon": 0.5}, "privacy.total_epsilon: statistics spend 1 in total"),
+        ({"privacy__neighbours": "event"}, "privacy.neighbours: Input should be 'whole_user'"),
+        ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
+    ],
+)
+def test_bad_config_names_the_field(changes, message):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_cfg(**changes))
+    assert message in str(info.value)
+
+
+def test_missing_sections_and_duplicates_name_the_field():
+    with pytest.raises(ConfigError, match=r"privacy: Field required"):
+        parse_config({"statistics": BASE["statistics"]})
+    dup = _cfg()
+    dup["statistics"].append(dict(dup["statistics"][0]))
+    with pytest.raises(ConfigError, match=r"statistics\[1\].name: duplicate statistic name"):
+        parse_config(dup)
+
+
+def test_budget_boundary_is_exact():
+    data = _cfg(privacy__total_epsilon=0.3)
+    data["statistics"] = [
+        {"name": "a", "epsilon": 0.1, "tau": 1},
+        {"name": "b", "epsilon": 0.2, "tau": 1},
+    ]
+    parse_config(data)  # 0.1 + 0.2 is exactly the budget, whatever binary floats say
+    data["privacy"]["total_epsilon"] = 0.3 - 1e-6
+    with pytest.raises(ConfigError, match="privacy.total_epsilon"):
+        parse_config(data)
+
+
+def test_shipped_demo_config_is_valid():
+    from importlib.resources import files
+
+    cfg = load_config(files("dpstream.config").joinpath("demo.yaml"))
+    assert [s.name for s in cfg.statistics] == ["events", "clicks"]
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("statistics: [\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(path)
+
+
+def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
+    cfg = parse_config(_cfg(noise__key_env="DPSTREAM_TEST_KEY"))
+    monkeypatch.delenv("DPSTREAM_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match="noise.key_env: environment variable DPSTREAM_TEST_KEY"):
+        load_noise(cfg)
+    monkeypatch.setenv("DPSTREAM_TEST_KEY", "short")
+    with pytest.raises(ConfigError, match="noise.key_env: the noise key must be at least 16"):
+        load_noise(cfg)
+    secret = "0123456789abcdef-very-secret"
+    monkeypatch.setenv("DPSTREAM_TEST_KEY", secret)
+    assert secret not in repr(load_noise(cfg))
+    key_file = tmp_path / "key"
+    key_file.write_text(secret + "\n")
+    from_file = load_noise(parse_config(_cfg(noise__key_file=str(key_file))))
+    assert from_file.discrete_laplace(("n", 1), 10) == load_noise(cfg).discrete_laplace(
+        ("n", 1), 10
+    )
+    with pytest.raises(ConfigError, match="noise.key_file: cannot read key file"):
+        load_noise(parse_config(_cfg(noise__key_file=str(tmp_path / "missing"))))

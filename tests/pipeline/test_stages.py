@@ -1,0 +1,165 @@
+"""Stage 1 / stage 2 bookkeeping and offline replay, with exact (zero-noise) values."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from dpstream.config.schema import parse_config
+from dpstream.operators import truncation
+from dpstream.operators.noise import KeyedNoise, ZeroNoise
+from dpstream.pipeline.records import Event
+from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stages import Report, Stage1, Stage2
+
+
+def config(**privacy):
+    return parse_config(
+        {
+            "input": {"partitions": 2},
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 2.0, **privacy},
+            "statistics": [
+                {"name": "all", "epsilon": 1.0, "tau": 2},
+                {"name": "clicks", "epsilon": 1.0, "tau": 1, "key": "click"},
+            ],
+        }
+    )
+
+
+def test_example_d_truncation_keeps_the_first_tau_units():
+    """Spec 001 Ex. D: users a,a,a,b,a,b,_,a with tau = 2 keep 1,1,0,1,0,1,0,0."""
+    spec = truncation.make_truncation(2)
+    used: dict[str, int] = {}
+    kept = []
+    for user in ["a", "a", "a", "b", "a", "b", None, "a"]:
+        if user is None:
+            kept.append(0)
+            continue
+        kept.append(truncation.admit(spec, used.get(user, 0)))
+        used[user] = used.get(user, 0) + 1
+    assert kept == [1, 1, 0, 1, 0, 1, 0, 0]
+    assert used == {"a": 5, "b": 2}  # counted on the original stream
+
+
+def test_partial_admission_of_a_straddling_item():
+    spec = truncation.make_truncation(4)
+    assert [truncation.admit(spec, u, w) for u, w in [(0, 3), (3, 4), (7, 2)]] == [3, 1, 0]
+
+
+def test_stage1_truncates_per_statistic_and_filters_by_key():
+    cfg = config()
+    stage1, users = Stage1(cfg), {}
+    pstate = Stage1.new_partition_state()
+    events = [Event("a", "click", None)] * 3 + [Event("b", None, None)]
+    stage1.add_events(pstate, users, events)
+    assert pstate["pending"] == {"all": 3, "clicks": 1}  # a: 2 of 3 kept; b: 1
+    assert users == {"a": {"all": 3, "clicks": 3}, "b": {"all": 1}}
+    reports = stage1.close_tick(pstate, 1, 100)
+    assert reports == [Report("all", 1, 100, 100, 3), Report("clicks", 1, 100, 100, 1)]
+    assert pstate["pending"] == {}
+
+
+def test_stage1_ignores_duplicate_markers_and_catches_up_gaps():
+    stage1 = Stage1(config())
+    pstate = Stage1.new_partition_state()
+    assert stage1.close_tick(pstate, 0, 10)[0].from_tick == 10
+    assert stage1.close_tick(pstate, 0, 10) == []
+    assert stage1.close_tick(pstate, 0, 9) == []
+    caught_up = stage1.close_tick(pstate, 0, 14)[0]
+    assert (caught_up.from_tick, caught_up.tick) == (11, 14)
+
+
+def test_stage2_closes_a_tick_only_when_every_partition_reported_it():
+    cfg = config()
+    stage2 = Stage2(cfg, ZeroNoise(), partitions=2)
+    state = Stage2.new_state()
+    assert stage2.on_report(state, Report("all", 0, 10, 10, 5)) == ([], [])
+    assert stage2.on_report(state, Report("all", 0, 11, 12, 1)) == ([], [])
+    releases, ledger = stage2.on_report(state, Report("all", 1, 10, 11, 2))
+    assert [(r["tick"], r["step"], r["value"]) for r in releases] == [(10, 1, 5), (11, 2, 7)]
+    assert [e["tick"] for e in ledger] == [10]  # one ledger entry when the statistic starts
+    # A re-delivered report changes nothing; the next one closes tick 12.
+    assert stage2.on_report(state, Report("all", 1, 10, 11, 2)) == ([], [])
+    releases, ledger = stage2.on_report(state, Report("all", 1, 12, 12, 4))
+    assert [(r["tick"], r["value"]) for r in releases] == [(12, 12)]  # 1 + 4 more
+    assert ledger == []
+    release = releases[0]
+    assert release["insecure"] == "insecure_zero"
+    assert release["interval"][0] < release["value"] < release["interval"][1]
+    assert release["tick_end"] == "1970-01-01T00:00:13+00:00"
+
+
+def test_stage2_origin_is_the_earliest_first_tick():
+    stage2 = Stage2(config(), ZeroNoise(), partitions=2)
+    state = Stage2.new_state()
+    stage2.on_report(state, Report("all", 1, 12, 12, 3))
+    releases, _ = stage2.on_report(state, Report("all", 0, 10, 12, 1))
+    assert [(r["tick"], r["value"]) for r in releases] == [(10, 0), (11, 0), (12, 4)]
+
+
+def test_any_subset_neighbours_double_the_sensitivity():
+    whole = Stage2(config(), ZeroNoise(), partitions=1)
+    subset = Stage2(config(neighbours="any_subset"), ZeroNoise(), partitions=1)
+    r1, _ = whole.on_report(Stage2.new_state(), Report("all", 0, 1, 1, 0))
+    r2, _ = subset.on_report(Stage2.new_state(), Report("all", 0, 1, 1, 0))
+    assert r2[0]["std"] > 1.9 * r1[0]["std"]
+
+
+def _log(*items) -> list[bytes]:
+    return [orjson.dumps(i) for i in items]
+
+
+def test_replay_with_zero_noise_releases_truncated_running_counts():
+    log = _log(
+        {"user_id": "a", "key": "click"},
+        {"user_id": "a"},
+        {"user_id": "a", "key": "click"},
+        {"tick": 5},
+        [{"user_id": "b", "key": "click"}, {"user_id": "a"}],
+        {"tick": 6},
+        {"tick": 7},
+        {"user_id": ""},  # rejected, like in the pipeline
+        {"user_id": "c"},
+        {"tick": 8},
+        {"user_id": "d"},  # after the last marker: no closed tick yet
+    )
+    rejected: list = []
+    out = list(replay(config(), log, ZeroNoise(), rejected))
+    by_stat = {
+        s: [(r["tick"], r["value"]) for r in out if r["statistic"] == s] for s in ("all", "clicks")
+    }
+    assert by_stat["all"] == [(5, 2), (6, 3), (7, 3), (8, 4)]
+    assert by_stat["clicks"] == [(5, 1), (6, 2), (7, 2), (8, 2)]
+    assert rejected == [(8, 0, "empty user_id")]
+
+
+def test_replay_is_deterministic_under_a_key():
+    log = _log({"user_id": "a"}, {"tick": 1}, {"user_id": "b"}, {"tick": 2}, {"tick": 3})
+    cfg = config()
+    key = b"k" * 32
+    first = list(replay(cfg, log, KeyedNoise(key)))
+    assert first == list(replay(cfg, log, KeyedNoise(key)))
+    assert [r["value"] for r in first] != [
+        r["value"] for r in replay(cfg, log, KeyedNoise(b"x" * 32))
+    ]
+
+
+@pytest.mark.parametrize("tau", [1, 3])
+def test_replay_error_bars_are_public(tau):
+    """std and interval depend on the step and parameters only, never on the data."""
+    cfg = parse_config(
+        {
+            "privacy": {"total_epsilon": 1},
+            "noise": {"mode": "insecure_zero"},
+            "statistics": [{"name": "s", "epsilon": 1, "tau": tau}],
+        }
+    )
+    empty = _log(*[{"tick": t} for t in range(1, 20)])
+    busy = _log(*[x for t in range(1, 20) for x in ({"user_id": f"u{t}"}, {"tick": t})])
+    a = list(replay(cfg, empty, ZeroNoise()))
+    b = list(replay(cfg, busy, ZeroNoise()))
+    assert [r["std"] for r in a] == [r["std"] for r in b]
+    half_a = [r["interval"][1] - r["value"] for r in a]
+    assert half_a == pytest.approx([r["interval"][1] - r["value"] for r in b], rel=1e-12)
+    assert [r["value"] for r in a] != [r["value"] for r in b]
