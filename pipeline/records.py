@@ -45,7 +45,7 @@ class Event:
 class Limits:
     max_record_bytes: int
     max_user_id_length: int
-    # Event keys some statistic filters on; None means keys are free-form.
+    # The event keys some statistic counts; None when a statistic counts every event.
     known_keys: frozenset[str] | None
 
 
@@ -77,11 +77,11 @@ def parse_event(obj: object, limits: Limits) -> Event:
     if len(user_id) > limits.max_user_id_length:
         raise BadRecord("user_id too long")
     key = obj.get("key")
-    if key is not None:
-        if not isinstance(key, str):
-            raise BadRecord("key is not a string")
-        if limits.known_keys is not None and key not in limits.known_keys:
-            raise BadRecord("unknown statistic key")
+    if key is not None and not isinstance(key, str):
+        raise BadRecord("key is not a string")
+    if limits.known_keys is not None and key not in limits.known_keys:
+        # No statistic would count this event.
+        raise BadRecord("unknown statistic key" if key is not None else "missing key")
     value = obj.get("value")
     if value is not None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

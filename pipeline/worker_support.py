@@ -14,11 +14,12 @@ MIN_KEY_BYTES = 16
 
 
 def limits_for(cfg: PipelineConfig) -> Limits:
-    keys = {s.key for s in cfg.statistics if s.key is not None}
+    keys = {s.key for s in cfg.statistics}
     return Limits(
         max_record_bytes=cfg.input.max_record_bytes,
         max_user_id_length=cfg.input.max_user_id_length,
-        known_keys=frozenset(keys) if keys else None,
+        # A statistic without a key filter counts every event, whatever its key.
+        known_keys=None if None in keys else frozenset(keys),
     )
 
 

@@ -21,6 +21,7 @@ from dpstream.pipeline.records import (
 from dpstream.pipeline.worker_support import load_noise
 
 LIMITS = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=frozenset({"click"}))
+ANY_KEY = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=None)
 
 BASE = {
     "privacy": {"total_epsilon": 2.0},
@@ -43,19 +44,37 @@ BASE = {
         (b'{"user_id": "u", "key": 7}', "key is not a string"),
         (b'{"user_id": "u", "key": "nope"}', "unknown statistic key"),
         (b'{"user_id": "u", "ts": [1]}', "ts is not a number or string"),
+        (b'{"user_id": "u"}', "missing key"),
         (b"[1, 2]", "event is not a JSON object"),
         (b'{"user_id": "u", "pad": "' + b"x" * 3000 + b'"}', "oversized record"),
     ],
 )
 def test_bad_events_are_rejected_with_their_reason(payload, reason):
+    limits = LIMITS if "key" in reason else ANY_KEY
     with pytest.raises(BadRecord) as info:
-        decode_events(payload, None, LIMITS)
+        decode_events(payload, None, limits)
     assert info.value.reason == reason
     assert "u" * 10 not in info.value.reason  # reasons never echo payloads
 
 
+def test_a_statistic_without_key_filter_accepts_every_key():
+    from dpstream.pipeline.worker_support import limits_for
+
+    cfg = parse_config(
+        {**BASE, "statistics": [*BASE["statistics"], {"name": "c", "epsilon": 1, "tau": 1,
+                                                      "key": "click"}],
+         "privacy": {"total_epsilon": 2}}
+    )
+    limits = limits_for(cfg)
+    assert limits.known_keys is None
+    for payload in (b'{"user_id": "u", "key": "view"}', b'{"user_id": "u"}'):
+        assert len(decode_events(payload, None, limits)[0]) == 1
+
+
 def test_envelope_keeps_good_events_and_reports_bad_ones_by_index():
-    payload = orjson.dumps([{"user_id": "a"}, {"user_id": ""}, {"user_id": "b", "key": "click"}])
+    payload = orjson.dumps(
+        [{"user_id": "a", "key": "click"}, {"user_id": ""}, {"user_id": "b", "key": "click"}]
+    )
     good, bad = decode_events(payload, BATCH, LIMITS)
     assert [e.user_id for e in good] == ["a", "b"]
     assert bad == [(1, "empty user_id")]

@@ -1,0 +1,121 @@
+"""Shared fixtures. Integration tests get one real broker per session (see pipeline/broker.py:
+KAFKA_BOOTSTRAP_SERVERS, else testcontainers when Docker answers, else Kafka's own jars)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpstream.config.schema import PipelineConfig, parse_config
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    from dpstream.pipeline.broker import kafka_broker
+
+    with kafka_broker() as servers:
+        yield servers
+
+
+@dataclass
+class WorkerProcess:
+    cfg: PipelineConfig
+    config_path: Path
+    log_path: Path
+    proc: subprocess.Popen
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def assert_running(self) -> None:
+        assert self.proc.poll() is None, f"worker exited:\n{self.log_tail()}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def unique_names(data: dict) -> dict:
+    """Give a test's pipeline its own app id and topics on the shared broker."""
+    run = uuid.uuid4().hex[:8]
+    data = {**data, "app_id": f"t-{run}"}
+    data["input"] = {**data.get("input", {}), "topic": f"t-{run}.events"}
+    data["outputs"] = {
+        "release_topic_prefix": f"t-{run}.dp.",
+        "dead_letter_topic": f"t-{run}.dead-letter",
+        "ledger_topic": f"t-{run}.ledger",
+    }
+    return data
+
+
+@contextmanager
+def worker_pool(bootstrap: str, directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``dpstream worker`` subprocesses on demand; stop them all on exit."""
+    started: list[WorkerProcess] = []
+
+    def start(data: dict, env: dict[str, str] | None = None) -> WorkerProcess:
+        data = unique_names(data)
+        cfg = parse_config(data)
+        config_path = directory / f"{cfg.app_id}.yaml"
+        config_path.write_text(yaml.safe_dump(data))
+        log_path = directory / f"{cfg.app_id}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "dpstream.pipeline.cli",
+            "worker",
+            "--config",
+            str(config_path),
+            "--bootstrap",
+            bootstrap,
+        ]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
+        worker = WorkerProcess(cfg, config_path, log_path, proc)
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+@pytest.fixture
+def worker_factory(bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    with worker_pool(bootstrap, tmp_path) as start:
+        yield start
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, worker: WorkerProcess | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker is not None:
+            worker.assert_running()
+        if predicate():
+            return
+        time.sleep(0.25)
+    tail = f"\nworker log:\n{worker.log_tail()}" if worker else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")

@@ -1,0 +1,290 @@
+"""The two-stage pipeline against a real Kafka broker: 50 users over 20+ public ticks.
+
+* zero noise: every release equals the truncated true count exactly, one per tick, in
+  order; bad records land in the dead-letter topic with their reasons, and the good ones
+  around them are counted exactly;
+* keyed noise: the pipeline's releases equal ``dpstream replay`` of the exported log,
+  byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dpstream.pipeline.clients import export_log, make_producer, produce_events
+from dpstream.pipeline.records import partition_for
+from dpstream.pipeline.synthetic import synthetic_events
+from tests.conftest import WorkerProcess, wait_until, worker_pool
+
+pytestmark = pytest.mark.integration
+
+TICK = 0.5
+USERS = 50
+ROUNDS = 24  # one round per tick: 12 s of traffic
+PARTITIONS = 4
+
+
+def pipeline_config(noise: dict) -> dict:
+    return {
+        "input": {"partitions": PARTITIONS, "max_record_bytes": 4096},
+        "ticks": {"interval_seconds": TICK},
+        "noise": noise,
+        "privacy": {"total_epsilon": 2.0},
+        "statistics": [
+            {"name": "views", "kind": "count", "epsilon": 1.0, "tau": 5, "key": "view"},
+            {"name": "clicks", "kind": "count", "epsilon": 1.0, "tau": 2, "key": "click"},
+        ],
+    }
+
+
+class TopicReader:
+    """Reads a single-partition topic from its start, keeping every record in order."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.records: list[bytes] = []
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "t-reader",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
+        self._consumer.assign([TopicPartition(topic, 0, 0)])
+
+    def drain(self) -> list[dict]:
+        while (msg := self._consumer.poll(0.2)) is not None:
+            if not msg.error():
+                self.records.append(msg.value())
+        return [orjson.loads(r) for r in self.records]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def readers(bootstrap: str, worker: WorkerProcess) -> dict[str, TopicReader]:
+    cfg = worker.cfg
+    out = {s.name: TopicReader(bootstrap, cfg.release_topic(s.name)) for s in cfg.statistics}
+    out["_dead"] = TopicReader(bootstrap, cfg.outputs.dead_letter_topic)
+    out["_ledger"] = TopicReader(bootstrap, cfg.outputs.ledger_topic)
+    return out
+
+
+def wait_for_first_release(worker: WorkerProcess, reader: TopicReader) -> None:
+    wait_until(lambda: reader.drain() != [], 90, "the worker's first release", worker)
+
+
+def wait_for_tick(worker: WorkerProcess, rd: dict[str, TopicReader], tick: int) -> None:
+    def done() -> bool:
+        return all(
+            (rel := rd[s.name].drain()) and rel[-1]["tick"] >= tick for s in worker.cfg.statistics
+        )
+
+    wait_until(done, 60, f"releases up to tick {tick}", worker)
+
+
+def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:
+    """(value, produce kwargs, expected dead-letter reason)."""
+    topic_p = {"partition": partition_for("bad-user", PARTITIONS)}
+    wrong = {"partition": (partition_for("user-00001", PARTITIONS) + 1) % PARTITIONS}
+    batch = {**topic_p, "headers": [("dpstream", b"batch")]}
+    return [
+        (b"{not json", topic_p, "malformed JSON"),
+        (b'{"value": 3}', topic_p, "missing user_id"),
+        (b'{"user_id": 17}', topic_p, "user_id is not a string"),
+        (b'{"user_id": ""}', topic_p, "empty user_id"),
+        (b'{"user_id": "bad-user", "key": "view", "value": "many"}', topic_p, "value is not a number"),
+        (b'{"user_id": "bad-user", "value": NaN}', topic_p, "non-finite number (NaN or infinity)"),
+        (b'{"user_id": "bad-user", "key": "nope"}', topic_p, "unknown statistic key"),
+        (b'{"user_id": "bad-user"}', topic_p, "missing key"),
+        (b'{"user_id": "bad-user", "pad": "' + b"x" * 6000 + b'"}', topic_p, "oversized record"),
+        (b'{"user_id": "user-00001", "key": "view"}', wrong, "misrouted: user_id does not hash to this partition"),
+        (b'[{"user_id": "bad-user", "key": "view"}, {"user_id": 5}]', batch, "user_id is not a string"),
+        (
+            b'{"tick": "soon"}',
+            {**topic_p, "headers": [("dpstream", b"tick")]},
+            "malformed tick marker",
+        ),
+    ]
+
+
+def drive(
+    bootstrap: str, worker: WorkerProcess, rd: dict[str, TopicReader], bad: list | None = None
+) -> int:
+    """Produce 24 rounds of traffic, one per tick; return the last tick that carried events."""
+    cfg = worker.cfg
+    producer = make_producer(bootstrap)
+    raw = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+    # Every user at least once, then Zipf-like traffic where heavy users exceed tau.
+    events = [{"user_id": f"user-{u:05d}", "key": "view"} for u in range(USERS)]
+    events += synthetic_events(USERS, ROUNDS * 40 - USERS, seed=11)
+    good = 1  # the one good event inside the half-bad envelope below
+    bad = list(bad or [])
+    for i in range(ROUNDS):
+        chunk = events[i * 40 : (i + 1) * 40]
+        # Alternate single-event records and batch envelopes.
+        good += produce_events(producer, cfg, chunk, batch=1 if i % 2 else 8)
+        if bad and i >= 2:
+            value, kwargs, _ = bad.pop(0)
+            raw.produce(cfg.input.topic, value=value, **kwargs)
+        producer.flush(10)
+        raw.flush(10)
+        time.sleep(TICK)
+    assert not bad
+    last = math.floor(time.time() / TICK)
+    wait_for_tick(worker, rd, last + 1)
+    return good
+
+
+def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:
+    """The exact truncated running counts, computed here from scratch (not with Stage1)."""
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    total = dict.fromkeys((s.name for s in cfg.statistics), 0)
+    out: dict[str, dict[int, int]] = defaultdict(dict)
+    for line in log:
+        obj = orjson.loads(line)
+        if "user_id" not in obj:
+            for s in cfg.statistics:
+                out[s.name][obj["tick"]] = total[s.name]
+            continue
+        for s in cfg.statistics:
+            if s.key is None or obj.get("key") == s.key:
+                used[s.name, obj["user_id"]] += 1
+                total[s.name] += used[s.name, obj["user_id"]] <= s.tau
+    return out
+
+
+@pytest.fixture(scope="module")
+def zero_noise_run(bootstrap, tmp_path_factory):
+    """One worker run with the zero noise source, good and bad records interleaved."""
+    with worker_pool(bootstrap, tmp_path_factory.mktemp("zero")) as start:
+        worker = start(pipeline_config({"mode": "insecure_zero"}))
+        rd = readers(bootstrap, worker)
+        try:
+            wait_for_first_release(worker, rd["views"])
+            good = drive(bootstrap, worker, rd, bad_records(worker))
+            worker.assert_running()
+            yield {
+                "worker": worker,
+                "releases": {s.name: rd[s.name].drain() for s in worker.cfg.statistics},
+                "dead": rd["_dead"].drain(),
+                "ledger": rd["_ledger"].drain(),
+                "log": list(export_log(worker.cfg, bootstrap)),
+                "good": good,
+            }
+        finally:
+            for r in rd.values():
+                r.close()
+
+
+def test_one_release_per_tick_in_order_none_missing(zero_noise_run):
+    for name, releases in zero_noise_run["releases"].items():
+        ticks = [r["tick"] for r in releases]
+        assert ticks == list(range(ticks[0], ticks[0] + len(ticks))), name
+        assert [r["step"] for r in releases] == list(range(1, len(releases) + 1)), name
+    log = zero_noise_run["log"]
+    busy = sum(
+        1
+        for a, b in zip(log, log[1:], strict=False)
+        if b'"user_id"' in a and b.startswith(b'{"tick"')
+    )
+    assert busy >= 20, f"only {busy} ticks carried events"
+    users = {orjson.loads(x)["user_id"] for x in log if b'"user_id"' in x}
+    assert len(users & {f"user-{i:05d}" for i in range(USERS)}) == USERS
+
+
+def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
+    cfg = zero_noise_run["worker"].cfg
+    truth = truncated_counts(zero_noise_run["log"], cfg)
+    for name, releases in zero_noise_run["releases"].items():
+        assert releases, name
+        for rel in releases:
+            assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
+            assert rel["insecure"] == "insecure_zero"
+            assert rel["interval"][0] < rel["value"] < rel["interval"][1]
+            assert rel["std"] > 0 and rel["epsilon"] == 1.0 and rel["schema_version"] == 1
+        # Truncation did bite: heavy users sent more than tau.
+        true_total = sum(1 for x in zero_noise_run["log"] if b'"user_id"' in x)
+        assert releases[-1]["value"] < true_total
+
+
+def test_every_good_event_is_counted_once(zero_noise_run):
+    events = [x for x in zero_noise_run["log"] if b'"user_id"' in x]
+    assert len(events) == zero_noise_run["good"]
+
+
+def test_bad_records_land_in_the_dead_letter_topic_with_their_reason(zero_noise_run):
+    dead = zero_noise_run["dead"]
+    expected = Counter(reason for _, _, reason in bad_records(zero_noise_run["worker"]))
+    assert Counter(d["reason"] for d in dead) == expected
+    cfg = zero_noise_run["worker"].cfg
+    for d in dead:
+        assert d["topic"] == cfg.input.topic and d["offset"] >= 0
+    oversized = next(d for d in dead if d["reason"] == "oversized record")
+    assert oversized["payload_truncated"] is True
+    envelope = next(d for d in dead if d["index"] is not None)
+    assert envelope["index"] == 1
+
+
+def test_ledger_records_each_statistic_once(zero_noise_run):
+    ledger = zero_noise_run["ledger"]
+    assert sorted(e["statistic"] for e in ledger) == ["clicks", "views"]
+    assert all(e["epsilon"] == 1.0 and e["total_epsilon"] == 2.0 for e in ledger)
+
+
+def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path):
+    key = np.random.default_rng(5).bytes(24).hex()
+    worker = worker_factory(
+        pipeline_config({"mode": "keyed", "key_env": "DPSTREAM_TEST_KEY"}),
+        env={"DPSTREAM_TEST_KEY": key},
+    )
+    rd = readers(bootstrap, worker)
+    try:
+        wait_for_first_release(worker, rd["views"])
+        drive(bootstrap, worker, rd)
+        pipeline = {s.name: rd[s.name].records[:] for s in worker.cfg.statistics}
+    finally:
+        for r in rd.values():
+            r.close()
+    # The same commands a user runs: export the input topic, replay it offline.
+    log_path = tmp_path / "events.jsonl"
+    cli = [sys.executable, "-m", "dpstream.pipeline.cli"]
+    subprocess.run(
+        [
+            *cli,
+            "export-log",
+            "--config",
+            str(worker.config_path),
+            "--bootstrap",
+            bootstrap,
+            "--out",
+            str(log_path),
+        ],
+        check=True,
+    )
+    out = subprocess.run(
+        [*cli, "replay", "--config", str(worker.config_path), "--events", str(log_path)],
+        check=True,
+        capture_output=True,
+        env={"DPSTREAM_TEST_KEY": key, "PATH": "/usr/bin:/bin"},
+    )
+    replayed: dict[str, list[bytes]] = defaultdict(list)
+    for line in out.stdout.splitlines():
+        replayed[orjson.loads(line)["statistic"]].append(line)
+    for name, released in pipeline.items():
+        assert len(released) >= 20
+        assert replayed[name][: len(released)] == released, name  # byte for byte
+        # Real noise: the keyed releases are not the exact counts.
+        zero = truncated_counts(log_path.read_bytes().splitlines(), worker.cfg)[name]
+        values = [orjson.loads(r) for r in released]
+        assert sum(v["value"] != zero.get(v["tick"], 0) for v in values) > len(values) // 2
+        assert all("insecure" not in v for v in values)
