@@ -31,6 +31,7 @@ TICK = 0.5
 USERS = 50
 ROUNDS = 24  # one round per tick: 12 s of traffic
 PARTITIONS = 4
+MISROUTED = "misrouted: user_id does not hash to this partition"
 
 
 def pipeline_config(noise: dict) -> dict:
@@ -94,7 +95,7 @@ def wait_for_tick(worker: WorkerProcess, rd: dict[str, TopicReader], tick: int) 
 
 def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:
     """(value, produce kwargs, expected dead-letter reason)."""
-    topic_p = {"partition": partition_for("bad-user", PARTITIONS)}
+    topic_p = {"partition": partition_for("bad", PARTITIONS)}
     wrong = {"partition": (partition_for("user-00001", PARTITIONS) + 1) % PARTITIONS}
     batch = {**topic_p, "headers": [("dpstream", b"batch")]}
     return [
@@ -102,13 +103,13 @@ def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:
         (b'{"value": 3}', topic_p, "missing user_id"),
         (b'{"user_id": 17}', topic_p, "user_id is not a string"),
         (b'{"user_id": ""}', topic_p, "empty user_id"),
-        (b'{"user_id": "bad-user", "key": "view", "value": "many"}', topic_p, "value is not a number"),
-        (b'{"user_id": "bad-user", "value": NaN}', topic_p, "non-finite number (NaN or infinity)"),
-        (b'{"user_id": "bad-user", "key": "nope"}', topic_p, "unknown statistic key"),
-        (b'{"user_id": "bad-user"}', topic_p, "missing key"),
-        (b'{"user_id": "bad-user", "pad": "' + b"x" * 6000 + b'"}', topic_p, "oversized record"),
-        (b'{"user_id": "user-00001", "key": "view"}', wrong, "misrouted: user_id does not hash to this partition"),
-        (b'[{"user_id": "bad-user", "key": "view"}, {"user_id": 5}]', batch, "user_id is not a string"),
+        (b'{"user_id": "bad", "key": "view", "value": "many"}', topic_p, "value is not a number"),
+        (b'{"user_id": "bad", "value": NaN}', topic_p, "non-finite number (NaN or infinity)"),
+        (b'{"user_id": "bad", "key": "nope"}', topic_p, "unknown statistic key"),
+        (b'{"user_id": "bad"}', topic_p, "missing key"),
+        (b'{"user_id": "bad", "pad": "' + b"x" * 6000 + b'"}', topic_p, "oversized record"),
+        (b'{"user_id": "user-00001", "key": "view"}', wrong, MISROUTED),
+        (b'[{"user_id": "bad", "key": "view"}, {"user_id": 5}]', batch, "user_id is not a string"),
         (
             b'{"tick": "soon"}',
             {**topic_p, "headers": [("dpstream", b"tick")]},

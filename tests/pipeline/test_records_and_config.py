@@ -61,9 +61,14 @@ def test_a_statistic_without_key_filter_accepts_every_key():
     from dpstream.pipeline.worker_support import limits_for
 
     cfg = parse_config(
-        {**BASE, "statistics": [*BASE["statistics"], {"name": "c", "epsilon": 1, "tau": 1,
-                                                      "key": "click"}],
-         "privacy": {"total_epsilon": 2}}
+        {
+            **BASE,
+            "statistics": [
+                *BASE["statistics"],
+                {"name": "c", "epsilon": 1, "tau": 1, "key": "click"},
+            ],
+            "privacy": {"total_epsilon": 2},
+        }
     )
     limits = limits_for(cfg)
     assert limits.known_keys is None
