@@ -23,7 +23,7 @@ demo: $(STAMP) broker-jars
 	$(VENV)/bin/dpstream demo
 
 test: $(STAMP) broker-jars
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="broker + worker + synthetic users, live private counts")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of event traffic")
-    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--users", type=int, default=2000)
     p.add_argument("--rate", type=float, default=300.0, help="events per second")
     p.add_argument("--out", default="demo-out", help="folder for the plot and logs")
     p.set_defaults(func=cmd_demo)

@@ -207,6 +207,7 @@ def _plot(cfg, releases, truth, path: Path) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed; no plot (pip install 'dpstream[demo]')")

@@ -289,3 +289,72 @@ def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp
         values = [orjson.loads(r) for r in released]
         assert sum(v["value"] != zero.get(v["tick"], 0) for v in values) > len(values) // 2
         assert all("insecure" not in v for v in values)
+
+
+def test_tail_cli_prints_the_releases(zero_noise_run, bootstrap):
+    worker = zero_noise_run["worker"]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpstream.pipeline.cli",
+            "tail",
+            "clicks",
+            "--config",
+            str(worker.config_path),
+            "--bootstrap",
+            bootstrap,
+            "--from-beginning",
+            "--max",
+            "3",
+            "--timeout",
+            "30",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    lines = [orjson.loads(x) for x in out.stdout.splitlines()]
+    assert lines == zero_noise_run["releases"]["clicks"][:3]
+
+
+def test_produce_cli_sends_jsonl_events_and_envelopes_to_their_partitions(bootstrap, tmp_path):
+    import yaml
+
+    from dpstream.config.schema import parse_config
+    from dpstream.pipeline.clients import read_topic
+    from dpstream.pipeline.records import header_kind
+    from tests.conftest import unique_names
+
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    config = tmp_path / "p.yaml"
+    config.write_text(yaml.safe_dump(data))
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(f'{{"user_id": "u{i % 7}", "key": "view"}}\n' for i in range(30)))
+    cli = [
+        sys.executable,
+        "-m",
+        "dpstream.pipeline.cli",
+        "produce",
+        "--config",
+        str(config),
+        "--bootstrap",
+        bootstrap,
+        "--events",
+        str(events),
+    ]
+    subprocess.run(cli, check=True, capture_output=True, timeout=60)
+    subprocess.run([*cli, "--batch", "4"], check=True, capture_output=True, timeout=60)
+    cfg = parse_config(data)
+    records = read_topic(bootstrap, cfg.input.topic, PARTITIONS)
+    singles = envelopes = 0
+    for partition, recs in records.items():
+        for _, headers, value in recs:
+            if header_kind(headers) == b"batch":
+                users = {e["user_id"] for e in orjson.loads(value)}
+                envelopes += len(orjson.loads(value))
+            else:
+                users = {orjson.loads(value)["user_id"]}
+                singles += 1
+            assert {partition_for(u, PARTITIONS) for u in users} == {partition}
+    assert (singles, envelopes) == (30, 30)

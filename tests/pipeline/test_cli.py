@@ -1,0 +1,63 @@
+"""The command line stops on bad config with the field named, and refuses to run keyless."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
+GOOD = {
+    "privacy": {"total_epsilon": 1.0},
+    "noise": {"mode": "keyed", "key_env": "DPSTREAM_CLI_TEST_KEY"},
+    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
+}
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )
+
+
+def write(tmp_path: Path, data: dict) -> str:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_check_config_accepts_the_demo_and_prints_the_budget():
+    demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+    out = run("check-config", str(demo))
+    assert out.returncode == 0, out.stderr
+    assert "per-user loss across statistics: 2 of total_epsilon=2" in out.stdout
+
+
+def test_bad_config_stops_with_the_field_named(tmp_path):
+    bad = {**GOOD, "statistics": [{"name": "events", "epsilon": 0, "tau": 4}]}
+    for command in (["check-config"], ["worker", "--bootstrap", "127.0.0.1:1", "--config"]):
+        out = run(*command, write(tmp_path, bad))
+        assert out.returncode == 2
+        assert "statistics[0].epsilon: Input should be greater than 0" in out.stderr
+
+
+def test_worker_refuses_to_start_without_a_noise_key(tmp_path):
+    out = run("worker", "--bootstrap", "127.0.0.1:1", "--config", write(tmp_path, GOOD))
+    assert out.returncode == 2
+    assert "noise.key_env: environment variable DPSTREAM_CLI_TEST_KEY is not set" in out.stderr
+
+
+def test_replay_cli_prints_releases_as_jsonl(tmp_path):
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"user_id": "a"}\n{"user_id": "a"}\n{"tick": 1}\n{"tick": 2}\n')
+    config = write(tmp_path, {**GOOD, "noise": {"mode": "insecure_zero"}})
+    out = run("replay", "--config", config, "--events", str(log))
+    assert out.returncode == 0, out.stderr
+    lines = [yaml.safe_load(line) for line in out.stdout.splitlines()]
+    assert [(r["step"], r["value"]) for r in lines] == [(1, 2), (2, 2)]
