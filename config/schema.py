@@ -23,6 +23,18 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
+def _topic_name(v: str) -> str:
+    if not _TOPIC.match(v):
+        raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
+    return v
+
+
+def _identifier(v: str) -> str:
+    if not _NAME.match(v):
+        raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 100 chars)")
+    return v
+
+
 class ConfigError(DpStreamError, ValueError):
     """The pipeline definition is invalid; the message names the field."""
 
@@ -38,12 +50,7 @@ class InputConfig(_Model):
     max_record_bytes: int = Field(1_000_000, ge=256, le=50_000_000)
     max_user_id_length: int = Field(256, ge=1, le=4096)
 
-    @field_validator("topic")
-    @classmethod
-    def _topic(cls, v: str) -> str:
-        if not _TOPIC.match(v):
-            raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
-        return v
+    _topic = field_validator("topic")(_topic_name)
 
 
 class TickConfig(_Model):
@@ -56,12 +63,7 @@ class OutputConfig(_Model):
     dead_letter_topic: str = "dpstream.dead-letter"
     ledger_topic: str = "dpstream.ledger"
 
-    @field_validator("dead_letter_topic", "ledger_topic")
-    @classmethod
-    def _topic(cls, v: str) -> str:
-        if not _TOPIC.match(v):
-            raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
-        return v
+    _topics = field_validator("dead_letter_topic", "ledger_topic")(_topic_name)
 
 
 class NoiseMode(StrEnum):
@@ -94,12 +96,7 @@ class StatisticConfig(_Model):
     # Count only events whose ``key`` equals this; None counts every event.
     key: str | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 100 chars)")
-        return v
+    _name = field_validator("name")(_identifier)
 
     @field_validator("epsilon")
     @classmethod
@@ -124,12 +121,7 @@ class PipelineConfig(_Model):
     privacy: PrivacyConfig
     statistics: list[StatisticConfig] = Field(min_length=1)
 
-    @field_validator("app_id")
-    @classmethod
-    def _app_id(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 100 chars)")
-        return v
+    _app_id = field_validator("app_id")(_identifier)
 
     @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:

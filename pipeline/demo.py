@@ -9,9 +9,7 @@ from __future__ import annotations
 import importlib.resources
 import logging
 import secrets
-import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +24,7 @@ from .clients import export_log, make_producer, produce_events, read_releases
 from .replay import replay
 from .synthetic import synthetic_events
 from .topics import ensure_topics
+from .worker_support import spawn_worker, stop_worker
 
 log = logging.getLogger(__name__)
 
@@ -43,33 +42,6 @@ def demo_config(run_id: str, key_file: Path) -> dict:
     }
     data["noise"] = {"mode": "keyed", "key_file": str(key_file), "key_env": None}
     return data
-
-
-def _start_worker(config_path: Path, bootstrap: str, log_path: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "dpstream.pipeline.cli",
-        "worker",
-        "--config",
-        str(config_path),
-        "--bootstrap",
-        bootstrap,
-        "--loglevel",
-        "warning",
-    ]
-    logfile = open(log_path, "wb")  # noqa: SIM115 - handed to the child for its lifetime
-    return subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT)  # noqa: S603
-
-
-def _stop_worker(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _row(rel: dict) -> str:
@@ -95,12 +67,12 @@ def run_demo(duration: float, users: int, rate: float, out: Path) -> int:
     with kafka_broker() as bootstrap:
         print(f"broker at {bootstrap}; starting a dpstream worker", flush=True)
         ensure_topics(cfg, bootstrap)
-        worker = _start_worker(config_path, bootstrap, out / "worker.log")
+        worker = spawn_worker(config_path, bootstrap, out / "worker.log", loglevel="warning")
         try:
             releases = _drive(cfg, bootstrap, worker, duration, users, rate)
             truth = _truth(cfg, bootstrap)
         finally:
-            _stop_worker(worker)
+            stop_worker(worker)
     _summary(cfg, releases, truth)
     _plot(cfg, releases, truth, out / "demo.png")
     return 0

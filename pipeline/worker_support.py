@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
 from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
@@ -53,3 +57,41 @@ def load_noise(cfg: PipelineConfig) -> NoiseSource:
         raise ConfigError(f"{field}: the noise key must be at least {MIN_KEY_BYTES} bytes")
     # Fixed-length key for the keyed construction, whatever the material's length.
     return KeyedNoise(hashlib.sha256(b"dpstream-noise-key\0" + material).digest())
+
+
+def spawn_worker(
+    config_path: Path,
+    bootstrap: str,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    loglevel: str = "info",
+) -> subprocess.Popen:
+    """Start ``dpstream worker`` as a child process logging to ``log_path``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpstream.pipeline.cli",
+        "worker",
+        "--config",
+        str(config_path),
+        "--bootstrap",
+        bootstrap,
+        "--loglevel",
+        loglevel,
+    ]
+    with open(log_path, "wb") as log:
+        # Fixed argument list, no shell.
+        return subprocess.Popen(  # noqa: S603
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+
+
+def stop_worker(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM (Faust shuts down cleanly), then SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

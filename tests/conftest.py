@@ -3,10 +3,7 @@ KAFKA_BOOTSTRAP_SERVERS, else testcontainers when Docker answers, else Kafka's o
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +15,7 @@ import pytest
 import yaml
 
 from dpstream.config.schema import PipelineConfig, parse_config
+from dpstream.pipeline.worker_support import spawn_worker, stop_worker
 
 
 @pytest.fixture(scope="session")
@@ -43,13 +41,7 @@ class WorkerProcess:
         assert self.proc.poll() is None, f"worker exited:\n{self.log_tail()}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_worker(self.proc)
 
 
 def unique_names(data: dict) -> dict:
@@ -76,20 +68,7 @@ def worker_pool(bootstrap: str, directory: Path) -> Iterator[Callable[..., Worke
         config_path = directory / f"{cfg.app_id}.yaml"
         config_path.write_text(yaml.safe_dump(data))
         log_path = directory / f"{cfg.app_id}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "dpstream.pipeline.cli",
-            "worker",
-            "--config",
-            str(config_path),
-            "--bootstrap",
-            bootstrap,
-        ]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-            )
+        proc = spawn_worker(config_path, bootstrap, log_path, env)
         worker = WorkerProcess(cfg, config_path, log_path, proc)
         started.append(worker)
         return worker
