@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from . import _validate
-from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance
+from .noise import NodeId, NoiseSource
+from .release import Term, TreeRelease, noise_std, noisy_release
 
 MECHANISM = "binary_tree"
 
@@ -58,16 +59,6 @@ class BinaryTreeState:
     period_totals: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class TreeRelease:
-    """The private running count at step ``t`` and its error bar (public parameters only)."""
-
-    t: int
-    value: int
-    std: float
-    ci95: float
-
-
 def make_binary_tree(
     epsilon: float | Fraction, sensitivity: int, node_prefix: NodeId
 ) -> BinaryTreeSpec:
@@ -84,7 +75,7 @@ def make_binary_tree(
     return BinaryTreeSpec(epsilon=eps, sensitivity=sensitivity, node_prefix=tuple(node_prefix))
 
 
-def init() -> BinaryTreeState:
+def init(spec: BinaryTreeSpec) -> BinaryTreeState:
     return BinaryTreeState()
 
 
@@ -99,7 +90,7 @@ def node_scale(spec: BinaryTreeSpec, period: int) -> Fraction:
     return Fraction((period + 1) * spec.sensitivity) / spec.epsilon
 
 
-def release_nodes(spec: BinaryTreeSpec, t: int) -> list[tuple[NodeId, Fraction]]:
+def release_nodes(spec: BinaryTreeSpec, t: int) -> list[Term]:
     """The noisy nodes whose sum is the release at step t, with their scales (public).
 
     floor(log2 t) completed-period totals, then popcount(k) live nodes of the current
@@ -109,18 +100,18 @@ def release_nodes(spec: BinaryTreeSpec, t: int) -> list[tuple[NodeId, Fraction]]
     """
     period, k = period_of(t)
     completed = period + 1 if k == 1 << period else period
-    nodes = [((*spec.node_prefix, p, p, 0), node_scale(spec, p)) for p in range(completed)]
+    nodes = [((*spec.node_prefix, p, p, 0), node_scale(spec, p), 1) for p in range(completed)]
     if completed == period:
         scale = node_scale(spec, period)
         for level in range(period, -1, -1):
             if k >> level & 1:
-                nodes.append(((*spec.node_prefix, period, level, (k >> level) - 1), scale))
+                nodes.append(((*spec.node_prefix, period, level, (k >> level) - 1), scale, 1))
     return nodes
 
 
 def std(spec: BinaryTreeSpec, t: int) -> float:
     """Exact standard deviation of the release at step t."""
-    return sum(discrete_laplace_variance(s) for _, s in release_nodes(spec, t)) ** 0.5
+    return noise_std(release_nodes(spec, t))
 
 
 def step(
@@ -152,12 +143,4 @@ def exact_value(state: BinaryTreeState) -> int:
 
 
 def _release(spec: BinaryTreeSpec, state: BinaryTreeState, noise: NoiseSource) -> TreeRelease:
-    nodes = release_nodes(spec, state.t)
-    noisy = exact_value(state) + sum(noise.discrete_laplace(node, scale) for node, scale in nodes)
-    scales = tuple(scale for _, scale in nodes)
-    return TreeRelease(
-        t=state.t,
-        value=noisy,
-        std=sum(discrete_laplace_variance(s) for s in scales) ** 0.5,
-        ci95=chernoff_interval(scales, 0.05),
-    )
+    return noisy_release(state.t, exact_value(state), release_nodes(spec, state.t), noise)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import tree_counter, truncation
+from dpstream.operators import state_codec, tree_counter, truncation
 from dpstream.operators.noise import NoiseSource
 
 from .records import Event
@@ -134,7 +134,7 @@ class Stage2:
             "first": {},  # partition -> first tick reported
             "pending": {},  # tick -> summed weight of the partitions that reported it
             "last_closed": None,
-            "tree": {"t": 0, "alpha": [], "period_totals": []},
+            "tree": None,  # the mechanism's state, once the first tick closes
         }
 
     def on_report(self, sstate: dict, report: Report) -> tuple[list[dict], list[dict]]:
@@ -164,16 +164,12 @@ class Stage2:
 
     def _advance(self, sstate: dict, name: str, tick: int, weight: int) -> dict:
         spec = self._trees[name]
-        tree = sstate["tree"]
-        state = tree_counter.BinaryTreeState(
-            t=tree["t"], alpha=tuple(tree["alpha"]), period_totals=tuple(tree["period_totals"])
-        )
+        if sstate["tree"] is None:
+            state = tree_counter.init(spec)
+        else:
+            state = state_codec.from_json(tree_counter.BinaryTreeState, sstate["tree"])
         state, rel = tree_counter.step(spec, state, weight, self._noise)
-        sstate["tree"] = {
-            "t": state.t,
-            "alpha": list(state.alpha),
-            "period_totals": list(state.period_totals),
-        }
+        sstate["tree"] = state_codec.to_json(state)
         return self._release_record(self._stats[name], tick, rel)
 
     def _tick_end(self, tick: int) -> float:

@@ -24,7 +24,7 @@ from dpstream.operators.noise import (
 
 
 def run(spec: tc.BinaryTreeSpec, weights: list[int], noise) -> tuple[tc.BinaryTreeState, list]:
-    state, releases = tc.init(), []
+    state, releases = tc.init(spec), []
     for w in weights:
         state, rel = tc.step(spec, state, w, noise)
         releases.append(rel)
@@ -35,9 +35,9 @@ def test_example_c_nodes_scales_and_variance():
     spec = tc.make_binary_tree(1, 1, ("s", 0))
     nodes = tc.release_nodes(spec, 13)
     # P0[1], P1[2-3], P2[4-7], alpha_2[8-11], alpha_1[12-13]
-    assert [n[2:] for n, _ in nodes] == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 2, 0), (3, 1, 2)]
-    assert [s for _, s in nodes] == [1, 2, 3, 4, 4]
-    assert sum(laplace_variance(s) for _, s in nodes) == 92
+    assert [n[2:] for n, _, _ in nodes] == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 2, 0), (3, 1, 2)]
+    assert [s for _, s, _ in nodes] == [1, 2, 3, 4, 4]
+    assert sum(laplace_variance(s) for _, s, _ in nodes) == 92
     # The release's std is the exact discrete-Laplace one, a little below 2b^2.
     assert tc.std(spec, 13) == pytest.approx(
         math.sqrt(sum(discrete_laplace_variance(s) for s in (1, 2, 3, 4, 4))), rel=1e-12
@@ -55,7 +55,7 @@ def test_example_c_exact_parts_on_all_ones_stream():
 def test_example_c_user_level_scales():
     # tau = 4, eps_inst = 0.25: every scale times 16, Var = 23552.
     spec = tc.make_binary_tree(Fraction(1, 4), 4, ("s", 0))
-    assert sum(laplace_variance(s) for _, s in tc.release_nodes(spec, 13)) == 23552
+    assert sum(laplace_variance(s) for _, s, _ in tc.release_nodes(spec, 13)) == 23552
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,47 @@
+"""What every continual counter releases at a step, built from its noisy nodes.
+
+A release is ``exact + sum(sign_i * noise(node_i, scale_i))``: the exact (truncated)
+running value plus the keyed noise of the public set of nodes the mechanism uses at that
+step. Its std and interval depend on the scales only, never on the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance
+
+# (node identity, discrete Laplace scale, sign +1 or -1)
+Term = tuple[NodeId, Fraction, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeRelease:
+    """The private value at step ``t`` and its error bar (public parameters only).
+
+    Attributes:
+        t: the step (1-based) this release is for.
+        value: exact value plus noise.
+        std: exact standard deviation of the noise.
+        ci95: half-width h with P(|noise| > h) <= 0.05, guaranteed (Chernoff bound).
+    """
+
+    t: int
+    value: int
+    std: float
+    ci95: float
+
+
+def noise_std(terms: Sequence[Term]) -> float:
+    """Exact std of the noise of a release made of ``terms`` (signs do not matter)."""
+    return sum(discrete_laplace_variance(scale) for _, scale, _ in terms) ** 0.5
+
+
+def noisy_release(t: int, exact: int, terms: Sequence[Term], noise: NoiseSource) -> TreeRelease:
+    """Add each term's keyed noise to ``exact``; the same terms give the same noise."""
+    value = exact + sum(sign * noise.discrete_laplace(node, scale) for node, scale, sign in terms)
+    # A two-sided geometric is symmetric: a minus sign leaves the interval unchanged.
+    scales = tuple(scale for _, scale, _ in terms)
+    return TreeRelease(t=t, value=value, std=noise_std(terms), ci95=chernoff_interval(scales, 0.05))
