@@ -474,3 +474,31 @@ def _chernoff_half_width(scales: tuple[Fraction, ...], alpha: float) -> float:
     # Any lam gives a valid bound, so bisection error only costs tightness (second order);
     # the factor covers floating-point rounding so the returned h never undercuts the bound.
     return bound((lo + hi) / 2) * (1 + 1e-9)
+
+
+class CachedNoise:
+    """Remembers the last ``maxsize`` node draws of a deterministic source.
+
+    A tree release re-reads the noise of every node it uses (O(log t) of them), most of
+    which were already drawn at earlier steps. For a keyed source a node's value never
+    changes, so caching it is safe and makes the noise work per step amortized O(1).
+    Do not wrap a sequential source (SeededNoise): it would repeat values on purpose.
+    """
+
+    def __init__(self, inner: NoiseSource, maxsize: int = 4096) -> None:
+        self.inner = inner
+        self.maxsize = maxsize
+        self._cache: dict[tuple[NodeId, Fraction], int] = {}
+
+    def __repr__(self) -> str:
+        return f"CachedNoise({self.inner!r}, maxsize={self.maxsize})"
+
+    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
+        key = (node, scale)
+        value = self._cache.pop(key, None)
+        if value is None:
+            value = self.inner.discrete_laplace(node, scale)
+            if len(self._cache) >= self.maxsize:
+                del self._cache[next(iter(self._cache))]  # least recently used
+        self._cache[key] = value
+        return value

@@ -491,3 +491,19 @@ def test_chernoff_is_fast_uncached() -> None:
         chernoff_interval(scales, 0.05 + i * 1e-9)  # a new alpha defeats the cache
         best = min(best, time.perf_counter() - start)
     assert best < 0.025
+
+
+def test_cached_noise_returns_the_inner_values_and_bounds_its_size():
+    from dpstream.operators.noise import CachedNoise
+
+    inner = RecordingNoise(KeyedNoise(b"c" * 32))
+    cached = CachedNoise(inner, maxsize=3)
+    nodes = [("s", 0, i) for i in range(5)]
+    first = [cached.discrete_laplace(n, Fraction(7)) for n in nodes]
+    assert first == [KeyedNoise(b"c" * 32).discrete_laplace(n, Fraction(7)) for n in nodes]
+    assert cached.discrete_laplace(nodes[4], Fraction(7)) == first[4]
+    assert len(inner.calls) == 5  # served from the cache
+    assert cached.discrete_laplace(nodes[0], Fraction(7)) == first[0]
+    assert len(inner.calls) == 6  # evicted, drawn again: same value
+    assert len(cached._cache) == 3
+    assert "c" * 32 not in repr(cached)
