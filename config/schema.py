@@ -87,12 +87,24 @@ class Neighbours(StrEnum):
     any_subset = "any_subset"
 
 
+Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
+
+
 class StatisticConfig(_Model):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
     name: str
     kind: Literal["count"] = "count"
     epsilon: float = Field(gt=0)
     tau: int = Field(ge=1, le=1_000_000)
-    mechanism: Literal["binary"] = "binary"
+    # binary: spec 001 2.2; kary / kary_subtract: spec 002 (k-ary tree, with balanced
+    # negative digits); expiring: spec 004 Alg. 3 (lambda, delay B); auto: the tree with
+    # the least exact MSE over horizon_ticks (choosing costs no privacy).
+    mechanism: Mechanism = "binary"
+    k: int | None = Field(None, ge=2, le=1024)
+    lam: float | None = Field(None, alias="lambda", ge=0, le=16)
+    delay: int = Field(0, ge=0, description="spec 004's B: no privacy loss for B steps")
+    horizon_ticks: int | None = Field(None, ge=1)
     # Count only events whose ``key`` equals this; None counts every event.
     key: str | None = None
 
@@ -104,6 +116,23 @@ class StatisticConfig(_Model):
         if v > 5:
             log.warning("epsilon=%s is large; the privacy guarantee is weak", v)
         return v
+
+    @model_validator(mode="after")
+    def _mechanism_parameters(self) -> StatisticConfig:
+        m = self.mechanism
+        if m in ("kary", "kary_subtract") and self.k is None:
+            raise ValueError(f"k: required for mechanism {m}")
+        if m == "kary_subtract" and self.k is not None and (self.k < 3 or self.k % 2 == 0):
+            raise ValueError(f"k: must be odd and >= 3 for kary_subtract, got {self.k}")
+        if m not in ("kary", "kary_subtract") and self.k is not None:
+            raise ValueError(f"k: only applies to kary and kary_subtract, not {m}")
+        if m == "expiring" and self.lam is None:
+            raise ValueError("lambda: required for mechanism expiring")
+        if m != "expiring" and (self.lam is not None or self.delay):
+            raise ValueError(f"lambda: lambda and delay only apply to expiring, not {m}")
+        if m == "auto" and self.horizon_ticks is None:
+            raise ValueError("horizon_ticks: required for mechanism auto")
+        return self
 
 
 class PrivacyConfig(_Model):
@@ -162,8 +191,14 @@ def parse_config(data: object, source: str = "<config>") -> PipelineConfig:
         for err in exc.errors():
             msg = err["msg"].removeprefix("Value error, ")
             field = _field_path(err["loc"])
-            # Model-level checks carry their own field name in the message.
-            lines.append(msg if not err["loc"] else f"{field}: {msg}")
+            # Model-level checks start their message with the field they are about.
+            inner = re.match(r"^(\w+): ", msg)
+            if not err["loc"]:
+                lines.append(msg)
+            elif inner and err["type"] == "value_error":
+                lines.append(f"{field}.{msg}")
+            else:
+                lines.append(f"{field}: {msg}")
         raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(lines)) from None
 
 

@@ -15,12 +15,13 @@ import logging
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from fractions import Fraction
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import state_codec, tree_counter, truncation
-from dpstream.operators.noise import NoiseSource
+from dpstream.operators import truncation
+from dpstream.operators.noise import CachedNoise, NoiseSource
+from dpstream.operators.release import TreeRelease
 
+from .mechanisms import counter_for
 from .records import Event
 
 log = logging.getLogger(__name__)
@@ -116,16 +117,12 @@ class Stage2:
 
     def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
         self._cfg = cfg
-        self._noise = noise
+        # Keyed noise is deterministic per node, so remembering live nodes is safe.
+        self._noise = CachedNoise(noise, maxsize=1 << 14)
         self._partitions = partitions
         self._stats = {s.name: s for s in cfg.statistics}
         factor = 2 if cfg.privacy.neighbours is Neighbours.any_subset else 1
-        self._trees = {
-            s.name: tree_counter.make_binary_tree(
-                Fraction(repr(s.epsilon)), factor * s.tau, (s.name, 0)
-            )
-            for s in cfg.statistics
-        }
+        self._counters = {s.name: counter_for(s, factor * s.tau) for s in cfg.statistics}
 
     @staticmethod
     def new_state() -> dict:
@@ -163,21 +160,13 @@ class Stage2:
         return releases, ledger
 
     def _advance(self, sstate: dict, name: str, tick: int, weight: int) -> dict:
-        spec = self._trees[name]
-        if sstate["tree"] is None:
-            state = tree_counter.init(spec)
-        else:
-            state = state_codec.from_json(tree_counter.BinaryTreeState, sstate["tree"])
-        state, rel = tree_counter.step(spec, state, weight, self._noise)
-        sstate["tree"] = state_codec.to_json(state)
+        sstate["tree"], rel = self._counters[name].step(sstate["tree"], weight, self._noise)
         return self._release_record(self._stats[name], tick, rel)
 
     def _tick_end(self, tick: int) -> float:
         return (tick + 1) * self._cfg.ticks.interval_seconds
 
-    def _release_record(
-        self, stat: StatisticConfig, tick: int, rel: tree_counter.TreeRelease
-    ) -> dict:
+    def _release_record(self, stat: StatisticConfig, tick: int, rel: TreeRelease) -> dict:
         end = self._tick_end(tick)
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -194,7 +183,7 @@ class Stage2:
             "epsilon": stat.epsilon,
             "tau": stat.tau,
             "neighbours": self._cfg.privacy.neighbours.value,
-            "mechanism": tree_counter.MECHANISM,
+            "mechanism": self._counters[stat.name].mechanism,
         }
         if self._cfg.noise.mode.value != "keyed":
             record["insecure"] = self._cfg.noise.mode.value
@@ -208,7 +197,7 @@ class Stage2:
             "instance": 0,
             "tick": tick,
             "epsilon": stat.epsilon,
-            "mechanism": tree_counter.MECHANISM,
+            "mechanism": self._counters[name].mechanism,
             "tau": stat.tau,
             "neighbours": self._cfg.privacy.neighbours.value,
             "note": "whole infinite stream (parallel composition over periods)",

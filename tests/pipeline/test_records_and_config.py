@@ -139,6 +139,16 @@ def _cfg(**changes):
         ({"privacy__total_epsilon": 0.5}, "privacy.total_epsilon: statistics spend 1 in total"),
         ({"privacy__neighbours": "event"}, "privacy.neighbours: Input should be 'whole_user'"),
         ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
+        ({"statistics__0__mechanism": "kary"}, "statistics[0].k: required for mechanism kary"),
+        (
+            {"statistics__0__mechanism": "kary_subtract", "statistics__0__k": 4},
+            "statistics[0].k: must be odd and >= 3 for kary_subtract, got 4",
+        ),
+        ({"statistics__0__k": 3}, "statistics[0].k: only applies to kary and kary_subtract"),
+        ({"statistics__0__mechanism": "expiring"}, "statistics[0].lambda: required"),
+        ({"statistics__0__lambda": 2}, "statistics[0].lambda: lambda and delay only apply"),
+        ({"statistics__0__mechanism": "auto"}, "statistics[0].horizon_ticks: required"),
+        ({"statistics__0__mechanism": "fancy"}, "statistics[0].mechanism: Input should be"),
     ],
 )
 def test_bad_config_names_the_field(changes, message):
