@@ -128,11 +128,32 @@ class StatisticConfig(_Model):
             raise ValueError(f"k: only applies to kary and kary_subtract, not {m}")
         if m == "expiring" and self.lam is None:
             raise ValueError("lambda: required for mechanism expiring")
+        if m == "expiring" and self.horizon_ticks is None:
+            # An item's loss grows with its age; the budget is charged at this age.
+            raise ValueError("horizon_ticks: required for mechanism expiring")
         if m != "expiring" and (self.lam is not None or self.delay):
             raise ValueError(f"lambda: lambda and delay only apply to expiring, not {m}")
         if m == "auto" and self.horizon_ticks is None:
             raise ValueError("horizon_ticks: required for mechanism auto")
         return self
+
+    def budget_cost(self) -> float:
+        """What one user's data can lose through this statistic, for the budget check.
+
+        A tree counter spends ``epsilon`` over its whole infinite stream. An expiring one
+        (spec 004) protects an item of age d with epsilon * g(d), which grows with d: it
+        is charged at the declared ``horizon_ticks`` (the ledger records the whole curve).
+        """
+        if self.mechanism != "expiring":
+            return self.epsilon
+        from fractions import Fraction
+
+        from dpstream.operators import expiring_tree
+
+        spec = expiring_tree.make_expiring_tree(
+            Fraction(repr(self.epsilon)), 1, (self.name, 0), Fraction(repr(self.lam)), self.delay
+        )
+        return expiring_tree.privacy_loss(spec, self.horizon_ticks)
 
 
 class PrivacyConfig(_Model):
@@ -158,7 +179,7 @@ class PipelineConfig(_Model):
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise ValueError(f"statistics[{i}].name: duplicate statistic name {name!r}")
-        spent = sum(s.epsilon for s in self.statistics)
+        spent = sum(s.budget_cost() for s in self.statistics)
         # Exact comparison in decimal terms: 0.1 + 0.2 must not exceed a budget of 0.3.
         if round(spent, 12) > round(self.privacy.total_epsilon, 12):
             raise ValueError(

@@ -7,6 +7,7 @@ step. Its std and interval depend on the scales only, never on the data.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -36,12 +37,19 @@ class TreeRelease:
 
 def noise_std(terms: Sequence[Term]) -> float:
     """Exact std of the noise of a release made of ``terms`` (signs do not matter)."""
-    return sum(discrete_laplace_variance(scale) for _, scale, _ in terms) ** 0.5
+    return _error_bar(tuple(sorted(scale for _, scale, _ in terms)))[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _error_bar(scales: tuple[Fraction, ...]) -> tuple[float, float]:
+    # Releases repeat the same few multisets of scales, step after step.
+    std = sum(discrete_laplace_variance(scale) for scale in scales) ** 0.5
+    return std, chernoff_interval(scales, 0.05)
 
 
 def noisy_release(t: int, exact: int, terms: Sequence[Term], noise: NoiseSource) -> TreeRelease:
     """Add each term's keyed noise to ``exact``; the same terms give the same noise."""
     value = exact + sum(sign * noise.discrete_laplace(node, scale) for node, scale, sign in terms)
     # A two-sided geometric is symmetric: a minus sign leaves the interval unchanged.
-    scales = tuple(scale for _, scale, _ in terms)
-    return TreeRelease(t=t, value=value, std=noise_std(terms), ci95=chernoff_interval(scales, 0.05))
+    std, ci95 = _error_bar(tuple(sorted(scale for _, scale, _ in terms)))
+    return TreeRelease(t=t, value=value, std=std, ci95=ci95)

@@ -65,12 +65,26 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     )
     spent = 0.0
     for s in cfg.statistics:
-        spent += s.epsilon
-        print(
-            f"  {s.name}: {s.kind} via {s.mechanism} tree, epsilon={s.epsilon:g}, tau={s.tau}"
-            + (f", key={s.key}" if s.key else "")
-            + f" -> {cfg.release_topic(s.name)}"
+        spent += s.budget_cost()
+        params = "".join(
+            f", {name}={value}"
+            for name, value in (
+                ("k", s.k),
+                ("lambda", s.lam),
+                ("horizon_ticks", s.horizon_ticks),
+                ("key", s.key),
+            )
+            if value is not None
         )
+        print(
+            f"  {s.name}: {s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}"
+            f"{params} -> {cfg.release_topic(s.name)}"
+        )
+        if s.mechanism == "expiring":
+            print(
+                f"    an item {s.horizon_ticks} ticks old has lost {s.budget_cost():g}; "
+                "older items lose more (the ledger records the curve)"
+            )
     print(
         f"  per-user loss across statistics: {spent:g} of total_epsilon="
         f"{cfg.privacy.total_epsilon:g} ({cfg.privacy.neighbours.value} neighbours)"

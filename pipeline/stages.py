@@ -21,7 +21,7 @@ from dpstream.operators import truncation
 from dpstream.operators.noise import CachedNoise, NoiseSource
 from dpstream.operators.release import TreeRelease
 
-from .mechanisms import counter_for
+from .mechanisms import counter_for, expiration_curve
 from .records import Event
 
 log = logging.getLogger(__name__)
@@ -191,15 +191,21 @@ class Stage2:
 
     def _ledger_entry(self, name: str, tick: int) -> dict:
         stat = self._stats[name]
-        return {
+        counter = self._counters[name]
+        entry = {
             "schema_version": SCHEMA_VERSION,
             "statistic": name,
             "instance": 0,
             "tick": tick,
             "epsilon": stat.epsilon,
-            "mechanism": self._counters[name].mechanism,
+            "mechanism": counter.mechanism,
             "tau": stat.tau,
             "neighbours": self._cfg.privacy.neighbours.value,
             "note": "whole infinite stream (parallel composition over periods)",
             "total_epsilon": self._cfg.privacy.total_epsilon,
         }
+        curve = expiration_curve(counter)
+        if curve:
+            entry["note"] = "loss of an item decays with its age (spec 004); see expiration"
+            entry["expiration"] = curve
+        return entry

@@ -12,9 +12,20 @@ from dpstream.config.schema import ConfigError, PipelineConfig
 log = logging.getLogger(__name__)
 
 
+# The Faust tables of pipeline/app.py; Faust names their changelogs <app_id>-<table>-changelog.
+TABLES = ("users", "stage1", "stage2")
+
+
+def changelog_topics(cfg: PipelineConfig) -> list[str]:
+    return [f"{cfg.app_id}-{table}-changelog" for table in TABLES]
+
+
 def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
-    """Every topic dpstream writes or reads (Faust's changelogs aside), with its partitions."""
+    """Every topic dpstream writes or reads, with its partitions."""
     plan = {cfg.input.topic: cfg.input.partitions, cfg.stage2_topic: cfg.input.partitions}
+    # Created here, not lazily by Faust: right after a lazy creation the worker's metadata
+    # may still show 0 partitions, and Faust then crashes the agent (PartitionsMismatch).
+    plan.update(dict.fromkeys(changelog_topics(cfg), cfg.input.partitions))
     for stat in cfg.statistics:
         plan[cfg.release_topic(stat.name)] = 1  # one partition: releases stay in tick order
     plan[cfg.outputs.dead_letter_topic] = 1
@@ -31,13 +42,18 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
     client = admin(bootstrap)
     existing = client.list_topics(timeout=timeout).topics
     plan = topic_plan(cfg)
-    for name in (cfg.input.topic, cfg.stage2_topic):
+    for name in (cfg.input.topic, cfg.stage2_topic, *changelog_topics(cfg)):
         if name in existing and len(existing[name].partitions) != plan[name]:
             raise ConfigError(
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
-    missing = [NewTopic(n, p, 1) for n, p in plan.items() if n not in existing]
+    compacted = set(changelog_topics(cfg))
+    missing = [
+        NewTopic(n, p, 1, config={"cleanup.policy": "compact"} if n in compacted else {})
+        for n, p in plan.items()
+        if n not in existing
+    ]
     if not missing:
         return
     for name, future in client.create_topics(missing, operation_timeout=timeout).items():

@@ -39,10 +39,35 @@ def pipeline_config(noise: dict) -> dict:
         "input": {"partitions": PARTITIONS, "max_record_bytes": 4096},
         "ticks": {"interval_seconds": TICK},
         "noise": noise,
-        "privacy": {"total_epsilon": 2.0},
+        "privacy": {"total_epsilon": 5.0},
+        # Every tree mechanism runs in the same pipeline, over the same events.
         "statistics": [
-            {"name": "views", "kind": "count", "epsilon": 1.0, "tau": 5, "key": "view"},
-            {"name": "clicks", "kind": "count", "epsilon": 1.0, "tau": 2, "key": "click"},
+            {"name": "views", "epsilon": 1.0, "tau": 5, "key": "view"},
+            {
+                "name": "clicks",
+                "epsilon": 1.0,
+                "tau": 2,
+                "key": "click",
+                "mechanism": "kary_subtract",
+                "k": 3,
+            },
+            {
+                "name": "views4",
+                "epsilon": 1.0,
+                "tau": 3,
+                "key": "view",
+                "mechanism": "kary",
+                "k": 4,
+            },
+            {
+                "name": "clicks_exp",
+                "epsilon": 0.1,
+                "tau": 2,
+                "key": "click",
+                "mechanism": "expiring",
+                "lambda": 1,
+                "horizon_ticks": 100,
+            },
         ],
     }
 
@@ -212,10 +237,12 @@ def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
             assert rel["insecure"] == "insecure_zero"
             assert rel["interval"][0] < rel["value"] < rel["interval"][1]
-            assert rel["std"] > 0 and rel["epsilon"] == 1.0 and rel["schema_version"] == 1
+            assert rel["std"] > 0 and rel["schema_version"] == 1
+            assert rel["epsilon"] == next(s.epsilon for s in cfg.statistics if s.name == name)
         # Truncation did bite: heavy users sent more than tau.
         true_total = sum(1 for x in zero_noise_run["log"] if b'"user_id"' in x)
         assert releases[-1]["value"] < true_total
+    assert {r["mechanism"] for r in zero_noise_run["releases"]["clicks"]} == {"kary_tree_subtract"}
 
 
 def test_every_good_event_is_counted_once(zero_noise_run):
@@ -237,9 +264,20 @@ def test_bad_records_land_in_the_dead_letter_topic_with_their_reason(zero_noise_
 
 
 def test_ledger_records_each_statistic_once(zero_noise_run):
-    ledger = zero_noise_run["ledger"]
-    assert sorted(e["statistic"] for e in ledger) == ["clicks", "views"]
-    assert all(e["epsilon"] == 1.0 and e["total_epsilon"] == 2.0 for e in ledger)
+    ledger = {e["statistic"]: e for e in zero_noise_run["ledger"]}
+    assert sorted(ledger) == ["clicks", "clicks_exp", "views", "views4"]
+    assert [ledger[n]["mechanism"] for n in ("views", "clicks", "views4", "clicks_exp")] == [
+        "binary_tree",
+        "kary_tree_subtract",
+        "kary_tree",
+        "expiring_tree",
+    ]
+    assert all(e["total_epsilon"] == 5.0 for e in ledger.values())
+    curve = ledger["clicks_exp"]["expiration"]
+    # lambda = 1: an item d ticks old has lost 0.1 * 2 * (floor(log2 d) + 1).
+    assert [c["age_ticks"] for c in curve[:4]] == [1, 2, 4, 8]
+    assert [c["epsilon"] for c in curve[:4]] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert "expiration" not in ledger["views"]
 
 
 def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path):

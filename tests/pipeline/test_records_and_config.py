@@ -146,6 +146,10 @@ def _cfg(**changes):
         ),
         ({"statistics__0__k": 3}, "statistics[0].k: only applies to kary and kary_subtract"),
         ({"statistics__0__mechanism": "expiring"}, "statistics[0].lambda: required"),
+        (
+            {"statistics__0__mechanism": "expiring", "statistics__0__lambda": 2},
+            "statistics[0].horizon_ticks: required for mechanism expiring",
+        ),
         ({"statistics__0__lambda": 2}, "statistics[0].lambda: lambda and delay only apply"),
         ({"statistics__0__mechanism": "auto"}, "statistics[0].horizon_ticks: required"),
         ({"statistics__0__mechanism": "fancy"}, "statistics[0].mechanism: Input should be"),
@@ -176,6 +180,21 @@ def test_budget_boundary_is_exact():
     data["privacy"]["total_epsilon"] = 0.3 - 1e-6
     with pytest.raises(ConfigError, match="privacy.total_epsilon"):
         parse_config(data)
+
+
+def test_expiring_statistics_are_charged_their_loss_at_the_horizon():
+    stat = {
+        "name": "e",
+        "epsilon": 0.5,
+        "tau": 1,
+        "mechanism": "expiring",
+        "lambda": 1,
+        "horizon_ticks": 8,
+    }
+    # lambda = 1: g(d) = 2 (floor(log2 d) + 1), so g(8) = 8 and the charge is 0.5 * 8 = 4.
+    parse_config({"privacy": {"total_epsilon": 4}, "statistics": [stat]})
+    with pytest.raises(ConfigError, match="privacy.total_epsilon: statistics spend 4 in total"):
+        parse_config({"privacy": {"total_epsilon": 3.99}, "statistics": [stat]})
 
 
 def test_shipped_demo_config_is_valid():
