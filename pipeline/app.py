@@ -103,9 +103,9 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     async def handle_input(partition: int, offset: int, value: bytes | None, headers) -> None:
         pkey = str(partition)
         pstate = stage1_state.get(pkey) or Stage1.new_partition_state()
-        if offset <= pstate["last_offset"]:
-            return  # re-delivered after a restart; already applied
         kind = header_kind(headers)
+        if kind == TICK and offset <= pstate["last_offset"]:
+            return  # re-delivered marker; its reports went out before
         if kind == TICK:
             try:
                 tick = decode_tick(value or b"")
@@ -128,10 +128,11 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 bad += [(None, "misrouted: user_id does not hash to this partition")] * (
                     len(events) - len(routed)
                 )
-            stage1.add_events(pstate, users, routed)
-            for index, reason in bad:
-                await reject(reason, partition, offset, value, index)
-        pstate["last_offset"] = offset
+            stage1.add_events(pstate, users, routed, offset)
+            if offset > pstate["last_offset"]:  # a re-delivered record was dead-lettered before
+                for index, reason in bad:
+                    await reject(reason, partition, offset, value, index)
+        pstate["last_offset"] = max(pstate["last_offset"], offset)
         stage1_state[pkey] = pstate
 
     @app.agent(input_topic, name="stage1")

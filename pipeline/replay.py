@@ -54,7 +54,8 @@ def replay(
             events = []
         if rejected is not None:
             rejected.extend((lineno, index, reason) for index, reason in bad)
-        stage1.add_events(pstate, users, events)
+        stage1.add_events(pstate, users, events, lineno)
+        pstate["last_offset"] = lineno
 
 
 def replay_file(cfg: PipelineConfig, path: str, noise: NoiseSource) -> Iterator[bytes]:

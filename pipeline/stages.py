@@ -74,27 +74,45 @@ class Stage1:
         return {"last_offset": -1, "last_tick": None, "pending": {}}
 
     def add_events(
-        self, pstate: dict, users: MutableMapping[str, dict], events: list[Event]
+        self, pstate: dict, users: MutableMapping[str, dict], events: list[Event], offset: int
     ) -> None:
-        """Count each event against its user's bound; add the kept units to this tick."""
+        """Count record ``offset``'s events against their users' bounds; add the kept units
+        to this tick's pending sums.
+
+        Idempotent per record, whichever of the two table writes (user entries, then the
+        partition state) survived a crash: a user entry remembers the offset it last
+        applied and the units it kept then, so a re-delivered record
+        * re-counts a user whose entry missed it (else the user could exceed tau), and
+        * re-adds the kept units of a user whose entry has it but whose units the
+          partition's pending sums lost (else the count would lose them).
+        """
+        in_pending = offset <= pstate["last_offset"]
         pending: dict[str, int] = pstate["pending"]
-        touched: dict[str, dict[str, int]] = {}
+        by_user: dict[str, list[Event]] = {}
         for event in events:
-            used = touched.get(event.user_id)
-            if used is None:
-                used = dict(users.get(event.user_id) or {})
-                touched[event.user_id] = used
-            for name, key, spec in self._stats:
-                if key is not None and event.key != key:
-                    continue
-                before = used.get(name, 0)
-                kept = truncation.admit(spec, before, 1)
-                used[name] = before + 1
-                if kept:
-                    pending[name] = pending.get(name, 0) + kept
+            by_user.setdefault(event.user_id, []).append(event)
         # One table write per user per record: each write is a changelog message.
-        for user_id, used in touched.items():
-            users[user_id] = used
+        for user_id, user_events in by_user.items():
+            stored = users.get(user_id) or {"used": {}, "offset": -1, "kept": {}}
+            if stored["offset"] >= offset:
+                if stored["offset"] == offset and not in_pending:
+                    for name, kept in stored["kept"].items():
+                        pending[name] = pending.get(name, 0) + kept
+                continue
+            used, kept_now = dict(stored["used"]), {}
+            for event in user_events:
+                for name, key, spec in self._stats:
+                    if key is not None and event.key != key:
+                        continue
+                    before = used.get(name, 0)
+                    used[name] = before + 1
+                    kept = truncation.admit(spec, before, 1)
+                    if kept:
+                        kept_now[name] = kept_now.get(name, 0) + kept
+            if not in_pending:
+                for name, kept in kept_now.items():
+                    pending[name] = pending.get(name, 0) + kept
+            users[user_id] = {"used": used, "offset": offset, "kept": kept_now}
 
     def close_tick(self, pstate: dict, partition: int, tick: int) -> list[Report]:
         """Handle tick marker ``tick``; a duplicate or stale marker yields nothing."""

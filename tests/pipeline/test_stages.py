@@ -52,12 +52,48 @@ def test_stage1_truncates_per_statistic_and_filters_by_key():
     stage1, users = Stage1(cfg), {}
     pstate = Stage1.new_partition_state()
     events = [Event("a", "click", None)] * 3 + [Event("b", None, None)]
-    stage1.add_events(pstate, users, events)
+    stage1.add_events(pstate, users, events, offset=0)
     assert pstate["pending"] == {"all": 3, "clicks": 1}  # a: 2 of 3 kept; b: 1
-    assert users == {"a": {"all": 3, "clicks": 3}, "b": {"all": 1}}
+    assert users == {
+        "a": {"used": {"all": 3, "clicks": 3}, "offset": 0, "kept": {"all": 2, "clicks": 1}},
+        "b": {"used": {"all": 1}, "offset": 0, "kept": {"all": 1}},
+    }
     reports = stage1.close_tick(pstate, 1, 100)
     assert reports == [Report("all", 1, 100, 100, 3), Report("clicks", 1, 100, 100, 1)]
     assert pstate["pending"] == {}
+
+
+def _apply(stage1, pstate, users, events, offset):
+    stage1.add_events(pstate, users, events, offset)
+    pstate["last_offset"] = max(pstate["last_offset"], offset)
+
+
+def test_stage1_is_idempotent_whichever_table_write_a_crash_lost():
+    """A record is re-delivered after a crash that persisted only one of the two writes."""
+    import copy
+
+    stage1 = Stage1(config())
+    record = [Event("a", None, None)] * 3 + [Event("b", None, None)]
+    first = Stage1.new_partition_state(), {}
+    _apply(stage1, *first, [Event("a", None, None)], offset=0)
+    _apply(stage1, *first, record, offset=1)
+    full_pstate, full_users = first
+    before_pstate, before_users = Stage1.new_partition_state(), {}
+    _apply(stage1, before_pstate, before_users, [Event("a", None, None)], offset=0)
+
+    # (1) partition state persisted, user entries lost: a's bound must still hold.
+    pstate, users = copy.deepcopy(full_pstate), copy.deepcopy(before_users)
+    _apply(stage1, pstate, users, record, offset=1)
+    assert (pstate, users) == (full_pstate, full_users)
+    # (2) user entries persisted, partition state lost: the kept units come back once.
+    pstate, users = copy.deepcopy(before_pstate), copy.deepcopy(full_users)
+    _apply(stage1, pstate, users, record, offset=1)
+    assert (pstate, users) == (full_pstate, full_users)
+    # (3) both persisted: a plain re-delivery changes nothing.
+    pstate, users = copy.deepcopy(full_pstate), copy.deepcopy(full_users)
+    _apply(stage1, pstate, users, record, offset=1)
+    assert (pstate, users) == (full_pstate, full_users)
+    assert full_pstate["pending"] == {"all": 3} and full_users["a"]["used"] == {"all": 4}
 
 
 def test_stage1_ignores_duplicate_markers_and_catches_up_gaps():
