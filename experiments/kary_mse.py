@@ -354,7 +354,7 @@ def limit_table() -> str:
 
 def figure(records: list[dict], horizon: int, path: Path) -> None:
     grid = sorted({int(v) for v in np.logspace(1, 15, 500)})
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(12, 5.5))
     colors = ["tab:red", "tab:blue", "tab:green"]
     for shape, color, rec in zip(SHAPES, colors, records, strict=True):
         spec = spec_of(shape)
@@ -376,7 +376,7 @@ def figure(records: list[dict], horizon: int, path: Path) -> None:
     ax.set_xlabel("horizon T")
     ax.set_ylabel("MSE · ε² / log2(T)³   (continuous Laplace; dots: measured, discrete)")
     ax.set_title("k-ary tree counters (spec 002): dotted lines = paper's asymptotic constants")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

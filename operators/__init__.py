@@ -1,0 +1,41 @@
+"""dpstream's DP mechanisms: pure Python, no Kafka or Faust.
+
+One mechanism per module, each with a frozen Spec built by ``make_<mechanism>``, a frozen
+State of plain data, and ``init(spec)`` / ``step(spec, state, x, noise)``.
+"""
+
+from . import (
+    expiring_simple,
+    expiring_tree,
+    kary_tree,
+    round_restart,
+    snapping,
+    state_codec,
+    tree_counter,
+    truncation,
+)
+from .errors import BudgetExceededError, DpStreamError, InvalidOperatorConfig, StateSchemaError
+from .noise import CachedNoise, KeyedNoise, NoiseSource, RecordingNoise, SeededNoise, ZeroNoise
+from .release import TreeRelease
+
+__all__ = [
+    "BudgetExceededError",
+    "CachedNoise",
+    "DpStreamError",
+    "InvalidOperatorConfig",
+    "KeyedNoise",
+    "NoiseSource",
+    "RecordingNoise",
+    "SeededNoise",
+    "StateSchemaError",
+    "TreeRelease",
+    "ZeroNoise",
+    "expiring_simple",
+    "expiring_tree",
+    "kary_tree",
+    "round_restart",
+    "snapping",
+    "state_codec",
+    "tree_counter",
+    "truncation",
+]

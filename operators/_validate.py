@@ -8,32 +8,32 @@ from fractions import Fraction
 from .errors import InvalidOperatorConfig
 
 
-def _fail(name: str, condition: str, value: object) -> InvalidOperatorConfig:
+def invalid(name: str, condition: str, value: object) -> InvalidOperatorConfig:
     return InvalidOperatorConfig(f"{name} must be {condition}, got {value!r}")
 
 
 def check_positive(name: str, value: float | Fraction) -> None:
     """Raise unless ``value`` is a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
-        raise _fail(name, "a number", value)
+        raise invalid(name, "a number", value)
     if not (math.isfinite(value) and value > 0):
-        raise _fail(name, "finite and > 0", value)
+        raise invalid(name, "finite and > 0", value)
 
 
 def check_int_ge(name: str, value: int, minimum: int) -> None:
     """Raise unless ``value`` is an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, "an integer", value)
+        raise invalid(name, "an integer", value)
     if value < minimum:
-        raise _fail(name, f">= {minimum}", value)
+        raise invalid(name, f">= {minimum}", value)
 
 
 def check_probability(name: str, value: float) -> None:
     """Raise unless ``value`` lies in the open interval (0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
-        raise _fail(name, "a number", value)
+        raise invalid(name, "a number", value)
     if not 0 < value < 1:
-        raise _fail(name, "in (0, 1)", value)
+        raise invalid(name, "in (0, 1)", value)
 
 
 def exact_fraction(name: str, value: float | int | str | Fraction) -> Fraction:
@@ -43,9 +43,9 @@ def exact_fraction(name: str, value: float | int | str | Fraction) -> Fraction:
     shortest decimal repr of a float recovers what the user typed.
     """
     if isinstance(value, bool):
-        raise _fail(name, "a number", value)
+        raise invalid(name, "a number", value)
     try:
         frac = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     except (ValueError, TypeError, ZeroDivisionError) as exc:
-        raise _fail(name, "a finite rational number", value) from exc
+        raise invalid(name, "a finite rational number", value) from exc
     return frac

@@ -141,9 +141,11 @@ def make_expiring_tree(
     _validate.check_int_ge("sensitivity", sensitivity, 1)
     lam_q = _validate.exact_fraction("lam", lam)
     if lam_q < 0:
-        raise _validate._fail("lam", ">= 0", lam_q)
+        raise _validate.invalid("lam", ">= 0", lam_q)
     if lam_q.denominator > MAX_LAM_DENOMINATOR:
-        raise _validate._fail("lam", f"a rational with denominator <= {MAX_LAM_DENOMINATOR}", lam_q)
+        raise _validate.invalid(
+            "lam", f"a rational with denominator <= {MAX_LAM_DENOMINATOR}", lam_q
+        )
     _validate.check_int_ge("delay", delay, 0)
     prefix = tuple(node_prefix)
     node_bytes(prefix)  # reject bad prefix fields now, not at the first step

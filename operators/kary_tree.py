@@ -161,15 +161,15 @@ def make_kary_tree(
     _validate.check_positive("epsilon", eps)
     _validate.check_int_ge("sensitivity", sensitivity, 1)
     if not isinstance(subtract, bool):
-        raise _validate._fail("subtract", "a bool", subtract)
+        raise _validate.invalid("subtract", "a bool", subtract)
     _validate.check_int_ge("k", k, 2)
     if subtract and (k < 3 or k % 2 == 0):
         # Alg. 2's balanced digits need odd k (spec 002 pitfall 11; App. A.3 not implemented).
-        raise _validate._fail("k", "odd and >= 3 when subtract is True", k)
+        raise _validate.invalid("k", "odd and >= 3 when subtract is True", k)
     if not isinstance(node_prefix, (tuple, list)) or not all(
         isinstance(v, (str, int)) and not isinstance(v, bool) for v in node_prefix
     ):
-        raise _validate._fail("node_prefix", "a tuple of str and int", node_prefix)
+        raise _validate.invalid("node_prefix", "a tuple of str and int", node_prefix)
     return KaryTreeSpec(
         epsilon=eps, sensitivity=sensitivity, node_prefix=tuple(node_prefix), k=k, subtract=subtract
     )
@@ -376,7 +376,7 @@ def weight_sum(k: int, subtract: bool, height: int, n: int) -> int:
         Spec 002 section 5.1 ("Fast W(T)").
     """
     if not 0 <= n <= tree_capacity(k, subtract, height):
-        raise _validate._fail("n", f"in [0, {tree_capacity(k, subtract, height)}]", n)
+        raise _validate.invalid("n", f"in [0, {tree_capacity(k, subtract, height)}]", n)
     low = (k - 1) // 2 if subtract else 0
     offset = low * (k**height - 1) // (k - 1)
     total = 0
@@ -445,7 +445,7 @@ def _digits(t: int, k: int, subtract: bool, height: int) -> tuple[int, ...]:
         digits.append(r)
         rest = (rest - r) // k
     if rest != 0:
-        raise _validate._fail("t", f"<= {tree_capacity(k, subtract, height)}", t)
+        raise _validate.invalid("t", f"<= {tree_capacity(k, subtract, height)}", t)
     return tuple(digits)
 
 
