@@ -122,8 +122,9 @@ class StatisticConfig(_Model):
         m = self.mechanism
         if m in ("kary", "kary_subtract") and self.k is None:
             raise ValueError(f"k: required for mechanism {m}")
-        if m == "kary_subtract" and self.k is not None and (self.k < 3 or self.k % 2 == 0):
-            raise ValueError(f"k: must be odd and >= 3 for kary_subtract, got {self.k}")
+        if m == "kary_subtract" and self.k is not None and self.k < 3:
+            # Odd k: spec 002 Alg. 2; even k: its App. A.3 variant.
+            raise ValueError(f"k: must be >= 3 for kary_subtract, got {self.k}")
         if m not in ("kary", "kary_subtract") and self.k is not None:
             raise ValueError(f"k: only applies to kary and kary_subtract, not {m}")
         if m == "expiring" and self.lam is None:

@@ -4,7 +4,9 @@ Spec 002 (Andersson, Pagh, Torkamani) releases the running count S(t) of a strea
 known length T as S(t) plus the noise of a few nodes of a complete k-ary tree of height
 h = h(T). Alg. 1 adds up to k - 1 left children per level (the digits of t in base k);
 Alg. 2 (odd k) uses balanced digits in [-m, m], m = (k - 1) / 2, so it adds the parent and
-*subtracts* right-most children instead of adding many left ones. Every node has
+*subtracts* right-most children instead of adding many left ones; for even k the same
+algorithm runs with digits in [-k/2 + 1, k/2] (App. A.3, section 3.5; about 1/(1 - 1/k^2)
+worse than odd k, so not the default). Every node has
 Laplace scale h * sensitivity / epsilon; a release at t uses w(t) = ||digits of t||_1 nodes.
 
 **Infinite streams (our choice; spec 002 leaves this out of scope, section 1).** Time is
@@ -163,9 +165,10 @@ def make_kary_tree(
     if not isinstance(subtract, bool):
         raise _validate.invalid("subtract", "a bool", subtract)
     _validate.check_int_ge("k", k, 2)
-    if subtract and (k < 3 or k % 2 == 0):
-        # Alg. 2's balanced digits need odd k (spec 002 pitfall 11; App. A.3 not implemented).
-        raise _validate.invalid("k", "odd and >= 3 when subtract is True", k)
+    if subtract and k < 3:
+        # Odd k: Alg. 2's balanced digits; even k: App. A.3's digits in [-k/2 + 1, k/2]
+        # (spec 002 section 3.5, pitfall 11). k = 2 would be Alg. 1 under another name.
+        raise _validate.invalid("k", ">= 3 when subtract is True", k)
     if not isinstance(node_prefix, (tuple, list)) or not all(
         isinstance(v, (str, int)) and not isinstance(v, bool) for v in node_prefix
     ):
@@ -351,8 +354,16 @@ def tree_height(k: int, subtract: bool, horizon: int) -> int:
 
 
 def tree_capacity(k: int, subtract: bool, height: int) -> int:
-    """T_cap: the largest t with a digit vector of ``height`` digits, (k^h - 1) [/ 2]."""
-    return (k**height - 1) // 2 if subtract else k**height - 1
+    """T_cap: the largest t with a digit vector of ``height`` digits.
+
+    Alg. 1: k^h - 1. With subtraction the lowest digit is -c, c = (k - 1) // 2, and the
+    digits of t are the standard digits of t + c (k^h - 1) / (k - 1), minus c; so
+    T_cap = (k^h - 1) - c (k^h - 1) / (k - 1): (k^h - 1) / 2 for odd k (Alg. 2) and
+    k (k^h - 1) / (2 (k - 1)) for even k (App. A.3, digits in [-k/2 + 1, k/2]).
+    """
+    if not subtract:
+        return k**height - 1
+    return k**height - 1 - (k - 1) // 2 * ((k**height - 1) // (k - 1))
 
 
 def weight_sum(k: int, subtract: bool, height: int, n: int) -> int:
@@ -427,7 +438,10 @@ def asymptotic_constant(k: int, subtract: bool) -> float:
     known T; ``docs/kary-mse.md`` measures what the period scheme of ``mse`` adds.
     """
     log3 = math.log2(k) ** 3
-    return k * (1 - 1 / k**2) / (2 * log3) if subtract else (k - 1) / log3
+    if not subtract:
+        return (k - 1) / log3
+    # Even k (App. A.3): worse than odd k by the factor 1 / (1 - 1/k^2); best k = 20.
+    return k * (1 - 1 / k**2) / (2 * log3) if k % 2 else k / (2 * log3)
 
 
 def _digits(t: int, k: int, subtract: bool, height: int) -> tuple[int, ...]:
@@ -484,7 +498,8 @@ def choose_tree(
 
     Candidates, all under this module's period scheme (which for k = 2 is exactly
     ``tree_counter``'s binary tree, so like is compared with like): "binary" (k = 2),
-    "kary" (Alg. 1, 3 <= k <= CHOOSER_MAX_K) and "kary_subtract" (Alg. 2, odd k in the
+    "kary" (Alg. 1, 3 <= k <= CHOOSER_MAX_K) and "kary_subtract" (Alg. 2 for odd k, the
+    App. A.3 variant for even k, k in the
     same range). Ties go to the earlier candidate in that order (simplest first).
 
     Args:
@@ -510,7 +525,7 @@ def choose_tree(
     _validate.check_int_ge("horizon", horizon, 1)
     candidates = [("binary", 2, False)]
     candidates += [("kary", k, False) for k in range(3, CHOOSER_MAX_K + 1)]
-    candidates += [("kary_subtract", k, True) for k in range(3, CHOOSER_MAX_K + 1, 2)]
+    candidates += [("kary_subtract", k, True) for k in range(3, CHOOSER_MAX_K + 1)]
     best: tuple[float, str, int] | None = None
     for name, k, subtract in candidates:
         spec = make_kary_tree(epsilon, sensitivity, node_prefix, k, subtract)

@@ -711,8 +711,7 @@ def test_release_carries_exact_std_and_interval():
         ({"k": 1, "subtract": False}, "k must be >= 2, got 1"),
         ({"k": 2.0, "subtract": False}, "k must be an integer, got 2.0"),
         ({"k": True, "subtract": False}, "k must be an integer, got True"),
-        ({"k": 2, "subtract": True}, "k must be odd and >= 3 when subtract is True, got 2"),
-        ({"k": 20, "subtract": True}, "k must be odd and >= 3 when subtract is True, got 20"),
+        ({"k": 2, "subtract": True}, "k must be >= 3 when subtract is True, got 2"),
         ({"subtract": 1}, "subtract must be a bool, got 1"),
         ({"node_prefix": "clicks"}, "node_prefix must be a tuple of str and int, got 'clicks'"),
         ({"node_prefix": ("a", 1.5)}, "node_prefix must be a tuple of str and int, got ('a', 1.5)"),
@@ -753,12 +752,23 @@ def test_choose_tree_picks_the_least_exact_mse():
     """Spec 002 section 3.6: data-independent, and Alg. 1 can win at small T (pitfall 15)."""
     picks = {T: kt.choose_tree(1, 1, T, PREFIX) for T in (1, 2, 5, 10, 100, 10**4, 10**6)}
     assert picks[1] == ("binary", 2)  # every shape ties at T = 1; the simplest wins
-    assert picks[5] == ("kary", 4)
-    assert picks[10] == ("kary_subtract", 7)
+    assert picks[5] == ("kary_subtract", 4)  # the even-k variant (App. A.3) wins here
+    assert picks[10] == ("kary_subtract", 8)  # even k = 8 edges out odd k = 7 at T = 10
     assert picks[10**6][0] == "kary_subtract"
     for T, (name, k) in picks.items():
         chosen = kt.mse(kt.make_kary_tree(1, 1, PREFIX, k, name == "kary_subtract"), T)
-        for k2, sub in [(2, False), (3, False), (17, False), (3, True), (19, True), (21, True)]:
+        others = [
+            (2, False),
+            (3, False),
+            (4, False),
+            (17, False),
+            (3, True),
+            (4, True),
+            (19, True),
+            (20, True),
+            (21, True),
+        ]
+        for k2, sub in others:
             assert chosen <= kt.mse(kt.make_kary_tree(1, 1, PREFIX, k2, sub), T)
     assert kt.choose_tree(1, 1, 10**6, ("other", 9)) == picks[10**6]
     # At 10^6 the doubling scheme beats binary by about 6.6x (exact MSE).
@@ -926,3 +936,70 @@ def test_empirical_covariance_of_consecutive_releases():
         n_ for n_, _, _ in kt.release_terms(spec, t13 + 1)
     }
     assert {n_[-3] for n_ in common} == {0, 1, 2}
+
+
+# --- the even-k variant (spec 002 section 3.5, App. A.3) ----------------------------------
+
+
+def test_even_k_example_e8():
+    """E8: k = 4, T = 10 is the capacity of h = 2; rep(7) = (-1, 2); W = 23; MSE 18.4."""
+    assert kt.tree_capacity(4, True, 2) == 10
+    assert kt.tree_height(4, True, 10) == 2
+    assert kt._digits(7, 4, True, 2) == (-1, 2)
+    weights = [sum(map(abs, kt._digits(t, 4, True, 2))) for t in range(1, 11)]
+    assert weights == [1, 2, 2, 1, 2, 3, 3, 2, 3, 4]
+    assert kt.weight_sum(4, True, 2, 10) == 23
+    assert kt.fixed_tree_mse(4, True, 10) == Fraction(92, 5)  # 18.4
+
+
+@pytest.mark.parametrize("k", [4, 6, 20])
+@pytest.mark.parametrize("h", [1, 2, 3, 4])
+def test_even_k_closed_form_at_capacity(k, h):
+    """Spec 002 section 5.2 [derived, exact]: at T = k(k^h - 1)/(2(k - 1)),
+    MSE eps^2 = k h^3 / (2 (1 - k^-h)) + (k - 2) h^2 / (2 (k - 1))."""
+    cap = kt.tree_capacity(k, True, h)
+    assert cap == k * (k**h - 1) // (2 * (k - 1))
+    expected = Fraction(k * h**3, 2) / (1 - Fraction(1, k**h)) + Fraction(
+        (k - 2) * h * h, 2 * (k - 1)
+    )
+    assert kt.fixed_tree_mse(k, True, cap) == expected
+
+
+@pytest.mark.parametrize("k", [4, 6, 8, 20])
+def test_even_k_digits_are_in_range_and_unique(k):
+    h = 3
+    cap = kt.tree_capacity(k, True, h)
+    seen = set()
+    for t in range(1, cap + 1):
+        digits = kt._digits(t, k, True, h)
+        assert all(-k // 2 + 1 <= d <= k // 2 for d in digits)
+        assert sum(d * k**i for i, d in enumerate(digits)) == t
+        seen.add(digits)
+    assert len(seen) == cap
+    with pytest.raises(InvalidOperatorConfig):
+        kt._digits(cap + 1, k, True, h)
+
+
+def test_even_k_constants():
+    assert kt.asymptotic_constant(4, True) == pytest.approx(0.25, abs=5e-5)
+    assert kt.asymptotic_constant(20, True) == pytest.approx(0.12387, abs=5e-6)
+    # Worse than the odd-k variant by 1/(1 - 1/k^2), as spec 002 section 3.5 says.
+    ratio = kt.asymptotic_constant(20, True) / (20 * (1 - 1 / 400) / (2 * math.log2(20) ** 3))
+    assert ratio == pytest.approx(1 / (1 - 1 / 400))
+
+
+@pytest.mark.parametrize("k", [4, 6])
+def test_even_k_mechanism_releases_exact_sums_and_uses_signed_nodes(k):
+    spec = kt.make_kary_tree(1, 2, ("even", 0), k, subtract=True)
+    assert kt.mechanism(spec) == kt.MECHANISM_SUBTRACT
+    state, total, signs = kt.init(spec), 0, set()
+    rng = np.random.default_rng(k)
+    for _ in range(200):
+        w = int(rng.integers(0, 5))
+        total += w
+        recorder = RecordingNoise(ZeroNoise())
+        state, rel = kt.step(spec, state, w, recorder)
+        assert rel.value == total
+        signs |= {sign for _, _, sign in kt.release_terms(spec, state.t)}
+        assert rel.std == pytest.approx(kt.std(spec, state.t))
+    assert signs == {1, -1}

@@ -141,8 +141,8 @@ def _cfg(**changes):
         ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
         ({"statistics__0__mechanism": "kary"}, "statistics[0].k: required for mechanism kary"),
         (
-            {"statistics__0__mechanism": "kary_subtract", "statistics__0__k": 4},
-            "statistics[0].k: must be odd and >= 3 for kary_subtract, got 4",
+            {"statistics__0__mechanism": "kary_subtract", "statistics__0__k": 2},
+            "statistics[0].k: must be >= 3 for kary_subtract, got 2",
         ),
         ({"statistics__0__k": 3}, "statistics[0].k: only applies to kary and kary_subtract"),
         ({"statistics__0__mechanism": "expiring"}, "statistics[0].lambda: required"),
