@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from . import _validate
-from .noise import NodeId, NoiseSource
+from .noise import NodeId, NoiseSource, discrete_laplace_variance, laplace_variance
 from .release import Term, TreeRelease, noise_std, noisy_release
 
 MECHANISM = "binary_tree"
@@ -112,6 +112,43 @@ def release_nodes(spec: BinaryTreeSpec, t: int) -> list[Term]:
 def std(spec: BinaryTreeSpec, t: int) -> float:
     """Exact standard deviation of the release at step t."""
     return noise_std(release_nodes(spec, t))
+
+
+def variance(spec: BinaryTreeSpec, t: int, continuous: bool = False) -> float:
+    """Exact variance of the release at step t: discrete Laplace (what releases carry) or,
+    with ``continuous``, the paper's 2b^2 per node."""
+    var = laplace_variance if continuous else discrete_laplace_variance
+    return sum(var(scale) for _, scale, _ in release_nodes(spec, t))
+
+
+def mse(spec: BinaryTreeSpec, horizon: int, continuous: bool = False) -> float:
+    """Exact mean squared error over steps 1..horizon, in O(log horizon) operations.
+
+    The release is unbiased for the truncated count, so its MSE is the mean variance. At
+    local step k of period l the release uses the totals of periods p < l and popcount(k)
+    nodes of scale b_l (at k = 2^l, one node: the period's own total, also of scale b_l).
+    """
+    _validate.check_int_ge("horizon", horizon, 1)
+    var = laplace_variance if continuous else discrete_laplace_variance
+    total, completed = 0.0, 0.0
+    period = 0
+    while (1 << period) <= horizon:
+        steps = min(horizon, (2 << period) - 1) - (1 << period) + 1
+        v = var(node_scale(spec, period))
+        total += steps * completed + v * _popcount_sum(steps)
+        completed += v
+        period += 1
+    return total / horizon
+
+
+def _popcount_sum(n: int) -> int:
+    """sum of popcount(k) for k = 1..n, bit by bit."""
+    total, bit = 0, 0
+    while (1 << bit) <= n:
+        cycle = 2 << bit
+        total += (n + 1) // cycle * (1 << bit) + max(0, (n + 1) % cycle - (1 << bit))
+        bit += 1
+    return total
 
 
 def step(

@@ -178,3 +178,21 @@ def test_empirical_variance_matches_exact_variance(t):
     scales = [s for _, s, _ in tc.release_nodes(spec, t)]
     rel_se = math.sqrt((2 + excess_kurtosis(scales)) / n)
     assert var == pytest.approx(tc.std(spec, t) ** 2, rel=5 * rel_se)
+
+
+def test_exact_variance_and_mse():
+    spec = tc.make_binary_tree(Fraction(1, 2), 3, ("s", 0))
+    assert tc.variance(spec, 13) == pytest.approx(tc.std(spec, 13) ** 2, rel=1e-12)
+    assert tc.variance(tc.make_binary_tree(1, 1, ("s", 0)), 13, continuous=True) == 92
+    for horizon in [*range(1, 70), 255, 256, 1000]:
+        brute = sum(tc.variance(spec, t) for t in range(1, horizon + 1)) / horizon
+        assert tc.mse(spec, horizon) == pytest.approx(brute, rel=1e-12)
+    # The same counter seen as spec 002's k = 2 tree (node for node, see test_kary_tree).
+    from dpstream.operators import kary_tree as kt
+
+    kary2 = kt.make_kary_tree(Fraction(1, 2), 3, ("s", 0), 2, subtract=False)
+    for horizon in (1, 7, 100, 10**6, 10**12):
+        assert tc.mse(spec, horizon) == pytest.approx(kt.mse(kary2, horizon), rel=1e-9)
+        assert tc.mse(spec, horizon, continuous=True) == pytest.approx(
+            kt.mse(kary2, horizon, continuous=True), rel=1e-9
+        )
