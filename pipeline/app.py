@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from pathlib import Path
 
 import faust
@@ -94,15 +95,25 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     limits = limits_for(cfg)
     rejected: Counter[str] = Counter()
 
-    async def reject(reason: str, partition: int, offset: int, value: bytes | None, index=None):
+    async def reject(
+        reason: str, partition: int, offset: int, value: bytes | None, index: int | None = None
+    ) -> Awaitable:
         rejected[reason] += 1
-        await dead_letter_topic.send(
+        return await dead_letter_topic.send(
             value=dead_letter(reason, cfg.input.topic, partition, offset, value, index)
         )
+
+    async def acknowledged(sent: list[Awaitable]) -> None:
+        # Faust's send() only enqueues. State that says "sent" (a closed tick, a record
+        # applied) is written after the broker has acknowledged every output, so a crash in
+        # between re-sends them (identical, keyed noise) instead of losing them.
+        for future in sent:
+            await future
 
     async def handle_input(partition: int, offset: int, value: bytes | None, headers) -> None:
         pkey = str(partition)
         pstate = stage1_state.get(pkey) or Stage1.new_partition_state()
+        sent: list[Awaitable] = []
         kind = header_kind(headers)
         if kind == TICK and offset <= pstate["last_offset"]:
             return  # re-delivered marker; its reports went out before
@@ -110,11 +121,13 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             try:
                 tick = decode_tick(value or b"")
             except BadRecord as exc:
-                await reject(exc.reason, partition, offset, value)
+                sent.append(await reject(exc.reason, partition, offset, value))
             else:
                 for report in stage1.close_tick(pstate, partition, tick):
-                    await stage2_topic.send(
-                        key=report.statistic.encode(), value=orjson.dumps(report.to_json())
+                    sent.append(
+                        await stage2_topic.send(
+                            key=report.statistic.encode(), value=orjson.dumps(report.to_json())
+                        )
                     )
         else:
             try:
@@ -131,7 +144,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             stage1.add_events(pstate, users, routed, offset)
             if offset > pstate["last_offset"]:  # a re-delivered record was dead-lettered before
                 for index, reason in bad:
-                    await reject(reason, partition, offset, value, index)
+                    sent.append(await reject(reason, partition, offset, value, index))
+        await acknowledged(sent)
         pstate["last_offset"] = max(pstate["last_offset"], offset)
         stage1_state[pkey] = pstate
 
@@ -153,12 +167,12 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             report = Report.from_json(orjson.loads(event.value))
             sstate = stage2_state.get(report.statistic) or Stage2.new_state()
             releases, ledger = stage2.on_report(sstate, report)
-            for entry in ledger:
-                await ledger_topic.send(key=report.statistic.encode(), value=orjson.dumps(entry))
+            key = report.statistic.encode()
+            sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
             for release in releases:
-                await release_topics[report.statistic].send(
-                    key=report.statistic.encode(), value=orjson.dumps(release)
-                )
+                topic = release_topics[report.statistic]
+                sent.append(await topic.send(key=key, value=orjson.dumps(release)))
+            await acknowledged(sent)
             stage2_state[report.statistic] = sstate
 
     interval = cfg.ticks.interval_seconds

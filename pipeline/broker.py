@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -205,6 +206,16 @@ def _tail(path: Path, lines: int = 30) -> str:
             return _tail_text(fh.read().decode("utf-8", "replace"), lines)
     except OSError:
         return "(no broker log)"
+
+
+def _previous_ports(props: Path) -> tuple[int, int] | None:
+    """(broker port, controller port) of an earlier start on this data dir, if any."""
+    try:
+        text = props.read_text("utf-8")
+    except OSError:
+        return None
+    found = re.search(r"^listeners=PLAINTEXT://[^:]+:(\d+),CONTROLLER://[^:]+:(\d+)$", text, re.M)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def _free_ports(count: int) -> list[int]:
@@ -396,7 +407,7 @@ class LocalKafka:
         try:
             for attempt in range(1, attempts + 1):
                 try:
-                    return cls._start_once(jars, base, owns, timeout)
+                    return cls._start_once(jars, base, owns, timeout, reuse_ports=attempt == 1)
                 except BrokerError as exc:
                     if _BIND_ERROR not in str(exc) or attempt == attempts:
                         raise
@@ -408,12 +419,17 @@ class LocalKafka:
         raise AssertionError("unreachable")  # pragma: no cover
 
     @classmethod
-    def _start_once(cls, jars: Path, base: Path, owns: bool, timeout: float) -> LocalKafka:
+    def _start_once(
+        cls, jars: Path, base: Path, owns: bool, timeout: float, reuse_ports: bool
+    ) -> LocalKafka:
         started = time.monotonic()
         java = _java()
         base.mkdir(parents=True, exist_ok=True)
-        port, controller_port = _free_ports(2)
         props = base / "server.properties"
+        # A restart on the same data keeps the broker's address: its clients (a running
+        # worker) know only that one. Fresh ports only if it is gone or taken.
+        previous = _previous_ports(props) if reuse_ports else None
+        port, controller_port = previous or _free_ports(2)
         log_file = base / "broker.log"
         props.write_text(_server_properties(port, controller_port, base / "data"), "utf-8")
         classpath = f"{jars}/*"

@@ -206,3 +206,24 @@ def test_detached_broker_lifecycle(monkeypatch, tmp_path):
     assert _process_gone(info["pid"])
     assert _port_closed(info["bootstrap"])
     assert not Path(info["data_dir"]).exists()
+
+
+@pytest.mark.integration
+def test_restart_on_the_same_data_keeps_the_address_and_the_data(tmp_path):
+    """Clients (a running worker) know one address: a restarted broker must keep it."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    data_dir = tmp_path / "kafka"
+    kafka = LocalKafka.start(data_dir=data_dir)
+    try:
+        first = kafka.bootstrap
+        admin = AdminClient({"bootstrap.servers": first, **QUIET})
+        for future in admin.create_topics([NewTopic("kept", 1, 1)]).values():
+            future.result(timeout=30)
+        kafka.stop()
+        kafka = LocalKafka.start(data_dir=data_dir)
+        assert kafka.bootstrap == first
+        topics = AdminClient({"bootstrap.servers": first, **QUIET}).list_topics(timeout=30).topics
+        assert "kept" in topics
+    finally:
+        kafka.stop()
