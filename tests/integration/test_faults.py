@@ -1,22 +1,24 @@
 """Fault injection against a real Kafka broker (issue 6, items 1 and 2).
 
 * Worker crash and restart: while a producer streams events of 200 users, one round per
-  0.5 s tick, the worker is SIGKILLed four times -- mid-tick, right after a release shows
-  up on an output topic, at a random moment, and during the restarted worker's recovery --
-  and each time restarted as a new ``dpstream worker`` on the same config file and
-  environment (so the same noise key). At-least-once delivery may release a tick twice;
-  every copy must be byte-identical, and after dedupe by tick:
-  - keyed noise: the releases are consecutive and equal ``dpstream replay`` of the
-    exported input log with the same key, byte for byte (no second noise draw, no user
-    counted twice, no tick lost);
-  - zero noise, the same crash schedule: every release equals the truncated true count;
-  - the ledger holds one entry per statistic (re-sent copies identical), with the
-    configured epsilon.
-* Broker restart: the worker's broker is stopped and restarted mid-stream on the same
-  data directory; the worker must reconnect and the same equalities must hold.
+  0.5 s tick, the worker is SIGKILLed four times -- at a random instant of a tick, right
+  after the first release of a new tick shows up (the tick half closed), at another random
+  instant, and during the restarted worker's table recovery -- and each time restarted as
+  a new ``dpstream worker`` on the same config file and environment (the same noise key).
+  At-least-once delivery may release a tick twice; every copy must be byte-identical, and
+  after dedupe by tick the releases are consecutive (no tick lost), and
+  - keyed noise: equal ``dpstream replay`` of the exported input log with the same key,
+    byte for byte (no second noise draw, no user counted twice);
+  - zero noise, the same crash schedule: equal the truncated true counts;
+  - both: the recovered per-user bound state equals each user's events in the log, no
+    dead letters, one ledger entry per statistic with the configured epsilon.
+* A release still unacknowledged when the worker dies is released after the restart
+  (made deterministic by a hook that delays one topic's writes in the killed worker).
+* Broker restart: a broker of our own is stopped and restarted mid-stream on the same data
+  directory (and address); the worker reconnects and the same equalities hold.
 
-Kill points come from observable events plus a seeded RNG. The workers get test-only
-Faust settings (environment variables Faust reads) so that a SIGKILLed member leaves the
+Kill points come from observable events plus a seeded RNG. Workers get test-only Faust
+settings (environment variables Faust reads) so that a SIGKILLed member leaves the
 consumer group after 6 s instead of Faust's default 60 s session timeout.
 """
 
@@ -36,14 +38,16 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+import yaml
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-from dpstream.config.schema import PipelineConfig
+from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.pipeline.broker import LocalKafka
-from dpstream.pipeline.clients import make_producer, produce_events
+from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.synthetic import synthetic_events
+from dpstream.pipeline.topics import changelog_topics
 from dpstream.pipeline.worker_support import spawn_worker
-from tests.conftest import WorkerProcess, wait_until, worker_pool
+from tests.conftest import WorkerProcess, unique_names, wait_until, worker_pool
 from tests.integration.test_pipeline import (
     TICK,
     TopicReader,
@@ -157,6 +161,18 @@ class Lives:
             worker.stop()
 
 
+def start_worker(bootstrap: str, directory: Path, data: dict, env: dict[str, str]) -> WorkerProcess:
+    """A worker on ``data`` (already given unique names), for tests that must know the
+    topic names before the worker starts. The caller stops it."""
+    cfg = parse_config(data)
+    config_path = directory / f"{cfg.app_id}.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    log_path = directory / f"{cfg.app_id}.log"
+    return WorkerProcess(
+        cfg, config_path, log_path, spawn_worker(config_path, bootstrap, log_path, env)
+    )
+
+
 def wait_for_progress(
     lives: Lives, rd: dict[str, TopicReader], since: float, timeout: float = RESTART_TIMEOUT
 ) -> None:
@@ -172,55 +188,115 @@ def wait_for_progress(
     wait_until(done, timeout, f"releases of tick {tick} after a restart", lives.current)
 
 
-def kill_right_after_a_release(lives: Lives, bootstrap: str, topic: str) -> None:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "t-watch",
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
-    try:
-        deadline = time.monotonic() + 30
+class ReleaseWatch:
+    """Follows every release topic from its end, to kill the worker right after a release."""
+
+    def __init__(self, bootstrap: str, cfg: PipelineConfig) -> None:
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "t-watch",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
+        topics = [cfg.release_topic(s.name) for s in cfg.statistics]
+        self._consumer.assign([TopicPartition(t, 0, OFFSET_END) for t in topics])
+        self._newest: int | None = None
+
+    def _take(self, timeout: float) -> int | None:
+        """The tick of the next release, if it is newer than every release before."""
+        msg = self._consumer.poll(timeout)
+        if msg is None or msg.error():
+            return None
+        tick = orjson.loads(msg.value())["tick"]
+        if self._newest is not None and tick <= self._newest:
+            return None
+        self._newest = tick
+        return tick
+
+    def first_release_of_a_new_tick(self, worker: WorkerProcess, timeout: float = 30) -> int:
+        """Return right after the first release of a new tick shows up on any release topic
+        (the other statistics of that tick are being closed at that moment)."""
+        while self._consumer.poll(0) is not None:
+            pass  # what arrived while nobody watched
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            lives.current.assert_running()
-            msg = consumer.poll(0.02)
-            if msg is not None and not msg.error():
-                lives.kill(f"right after the release of tick {orjson.loads(msg.value())['tick']}")
-                return
-        raise AssertionError(f"no release within 30 s\n{lives.current.log_tail()}")
-    finally:
-        consumer.close()
+            worker.assert_running()
+            if (tick := self._take(0.01)) is not None:
+                return tick
+        raise AssertionError(f"no new release within {timeout} s\n{worker.log_tail()}")
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
-def crash_four_times(lives: Lives, rd: dict[str, TopicReader], bootstrap: str, seed: int):
-    rng = random.Random(seed)
-    # 1. Mid-tick: a random instant inside a tick, after some traffic.
-    time.sleep(rng.uniform(1.0, 3.0))
-    at = (math.floor(time.time() / TICK) + 1 + rng.uniform(0.2, 0.8)) * TICK
+def kill_at_a_random_instant(lives: Lives, rng: random.Random, what: str) -> None:
+    """At a uniformly random instant of the next tick: while events stream in, a tick is
+    being closed, or nothing happens."""
+    at = (math.floor(time.time() / TICK) + 1 + rng.random()) * TICK
     time.sleep(max(0.0, at - time.time()))
-    lives.kill("mid-tick")
+    lives.kill(f"{what} ({(at / TICK) % 1:.2f} into a tick)")
+
+
+def crash_four_times(
+    lives: Lives, rd: dict[str, TopicReader], watch: ReleaseWatch, rng: random.Random
+) -> None:
+    """Four SIGKILLs, each followed by a restart on the same config and environment."""
+    # 1. Mid-tick, at a random instant, while events stream in.
+    time.sleep(rng.uniform(1.0, 3.0))
+    kill_at_a_random_instant(lives, rng, "mid-tick")
     wait_for_progress(lives, rd, lives.restart())
-    # 2. Right after a release shows up: stage 2 may not have stored its state yet.
-    views = lives.first.cfg.release_topic("views")
-    kill_right_after_a_release(lives, bootstrap, views)
+    # 2. Right after a release: the first one of a new tick, while stage 2 is still closing
+    # that tick for the other statistics and has not necessarily stored its state.
+    tick = watch.first_release_of_a_new_tick(lives.current)
+    lives.kill(f"right after the first release of tick {tick}")
     wait_for_progress(lives, rd, lives.restart())
-    # 3. A random moment of steady processing.
-    time.sleep(rng.uniform(0.0, 4 * TICK))
-    lives.kill("random")
+    # 3. Another random instant.
+    kill_at_a_random_instant(lives, rng, "random")
     lives.restart()
-    # 4. While the restarted worker restores its tables and re-reads uncommitted input.
+    # 4. While the restarted worker restores its tables from the changelogs.
     restarted = lives.current
 
     def recovering() -> bool:
         return RECOVERING in restarted.log_path.read_text(errors="replace")
 
     wait_until(recovering, RESTART_TIMEOUT, "the restarted worker's table recovery", restarted)
-    time.sleep(rng.uniform(0.0, 1.0))
+    time.sleep(rng.uniform(0.0, 0.5))
     lives.kill("during recovery")
     wait_for_progress(lives, rd, lives.restart())
+
+
+def table_state(bootstrap: str, topic: str, partitions: int) -> dict:
+    """The latest value of every key of a Faust table's changelog (JSON keys and values):
+    what a restarted worker recovers."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "t-table",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    state: dict = {}
+    try:
+        ends = {}
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            if high > low:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        while ends:
+            msg = consumer.poll(30)
+            assert msg is not None, f"reading {topic}: nothing within 30 s"
+            if msg.error() or msg.offset() >= ends.get(msg.partition(), -1):
+                continue  # past the end taken above: written since
+            state[orjson.loads(msg.key())] = orjson.loads(msg.value())
+            if msg.offset() == ends[msg.partition()] - 1:
+                del ends[msg.partition()]
+        return state
+    finally:
+        consumer.close()
 
 
 def finish(lives: Lives, rd: dict[str, TopicReader], traffic: Traffic) -> dict:
@@ -238,7 +314,9 @@ def finish(lives: Lives, rd: dict[str, TopicReader], traffic: Traffic) -> dict:
     wait_until(done, 60, f"releases up to tick {last}", lives.current)
     lives.current.assert_running()
     rd["_ledger"].drain()
+    cfg = lives.first.cfg
     return {
+        "users": table_state(lives.bootstrap, changelog_topics(cfg)[0], cfg.input.partitions),
         "releases": {s.name: rd[s.name].records[:] for s in lives.first.cfg.statistics},
         "ledger": rd["_ledger"].records[:],
         "dead": rd["_dead"].drain(),
@@ -254,11 +332,12 @@ def crash_run(bootstrap: str, directory: Path, noise: dict, env: dict[str, str],
         worker = start(pipeline_config(noise), env={**env, **FAST_REJOIN})
         lives = Lives(worker, bootstrap, {**env, **FAST_REJOIN})
         rd = readers(bootstrap, worker)
+        watch = ReleaseWatch(bootstrap, worker.cfg)
         traffic = Traffic(bootstrap, worker.cfg, seed)
         try:
             wait_for_first_release(worker, rd["views"])
             traffic.start()
-            crash_four_times(lives, rd, bootstrap, seed)
+            crash_four_times(lives, rd, watch, random.Random(seed))
             out = finish(lives, rd, traffic)
         except BaseException:
             traffic.abort()
@@ -266,6 +345,7 @@ def crash_run(bootstrap: str, directory: Path, noise: dict, env: dict[str, str],
         finally:
             for r in rd.values():
                 r.close()
+            watch.close()
             lives.stop()
         out.update(exported(bootstrap, worker, env, directory), cfg=worker.cfg)
         return out
@@ -321,6 +401,15 @@ def check_common(run: dict, kills: int) -> dict[str, list[bytes]]:
     assert run["dead"] == []
     log = run["log"]
     assert sum(1 for x in log if b'"user_id"' in x) == run["sent"]
+    # Stage 1's bound state after the crashes: every user's used units per statistic equal
+    # that user's events in the log -- none lost (it could exceed tau), none counted twice.
+    used: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for line in log:
+        event = orjson.loads(line)
+        for s in cfg.statistics:
+            if "user_id" in event and (s.key is None or event.get("key") == s.key):
+                used[event["user_id"]][s.name] += 1
+    assert {u: e["used"] for u, e in run["users"].items()} == used
     releases = {}
     for name, raw in run["releases"].items():
         releases[name] = deduplicated(name, raw)
@@ -377,18 +466,10 @@ def test_worker_sigkill_restarts_zero_noise_releases_equal_truncated_counts(boot
         assert values[-1] > values[len(values) // 2] > 0, name
 
 
-class BrokerMovedError(AssertionError):
-    """The restarted broker listens on other ports than the one the worker knows."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=BrokerMovedError,
-    reason="LocalKafka.start() cannot restart a broker on its previous ports: "
-    "pipeline/broker.py LocalKafka._start_once() always takes new ones from _free_ports(2) "
-    "and rewrites server.properties, so a worker (bootstrap fixed at start) cannot reconnect",
-)
 def test_worker_reconnects_after_a_broker_restart(tmp_path):
+    """A broker of our own, stopped (SIGTERM) and restarted on the same data directory
+    mid-stream: the worker reconnects by itself, no tick is lost, the releases equal the
+    replay of the exported log byte for byte and the ledger is intact."""
     rng = random.Random(7)
     key = np.random.default_rng(7).bytes(24).hex()
     env = {KEY_ENV: key, **FAST_REJOIN}
@@ -408,8 +489,7 @@ def test_worker_reconnects_after_a_broker_restart(tmp_path):
                 kafka.stop()  # SIGTERM; the data directory is kept
                 time.sleep(rng.uniform(1.0, 3.0))
                 kafka = LocalKafka.start(data_dir=data_dir)
-                if kafka.bootstrap != before:
-                    raise BrokerMovedError(f"broker moved from {before} to {kafka.bootstrap}")
+                assert kafka.bootstrap == before  # the worker knows only that address
                 wait_for_progress(lives, rd, time.time(), timeout=120)
                 out = finish(lives, rd, traffic)
             except BaseException:
@@ -427,3 +507,194 @@ def test_worker_reconnects_after_a_broker_restart(tmp_path):
     releases = check_common(out, kills=0)
     for name, released in releases.items():
         assert out["replayed"][name][: len(released)] == released, name
+
+
+# Loaded by a worker's interpreter through PYTHONPATH (sitecustomize): writes to one topic
+# are handed to the Kafka client only after a delay (while a flag file exists, if one is
+# named), as if that topic's partition were slow to take them. flush() (which Faust's
+# offset commit awaits) waits for them, as it would.
+SLOW_TOPIC_HOOK = """
+import asyncio, os
+from aiokafka import AIOKafkaProducer
+
+_TOPIC = os.environ["DPSTREAM_TEST_SLOW_TOPIC"]
+_DELAY = float(os.environ["DPSTREAM_TEST_SLOW_SECONDS"])
+_FLAG = os.environ.get("DPSTREAM_TEST_SLOW_FLAG")
+_send, _flush = AIOKafkaProducer.send, AIOKafkaProducer.flush
+_pending = set()
+
+
+async def send(self, topic, *args, **kwargs):
+    if topic != _TOPIC or (_FLAG and not os.path.exists(_FLAG)):
+        return await _send(self, topic, *args, **kwargs)
+    done = asyncio.get_running_loop().create_future()
+
+    async def later():
+        await asyncio.sleep(_DELAY)
+        try:
+            done.set_result(await (await _send(self, topic, *args, **kwargs)))
+        except Exception as exc:
+            done.set_exception(exc)
+
+    _pending.add(done)
+    done.add_done_callback(_pending.discard)
+    asyncio.get_running_loop().create_task(later())
+    return done
+
+
+async def flush(self):
+    await asyncio.gather(*_pending, return_exceptions=True)
+    await _flush(self)
+
+
+AIOKafkaProducer.send, AIOKafkaProducer.flush = send, flush
+"""
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="intermittent (1 of 2 local runs lost a release after the kill, with the ack-before-"
+    "state fix in pipeline/app.py): a remaining loss path or fragile timing; issue 6",
+)
+def test_a_release_unacknowledged_at_a_crash_is_sent_after_the_restart(bootstrap, tmp_path):
+    """The release of a tick is still unacknowledged when the worker dies: stage 2 must not
+    have stored the tick as closed, or the re-delivered reports are ignored and the tick is
+    never released (a lost tick, seen under the crash schedule before 226ca8d). Here the
+    first worker hands its views releases to Kafka 3 s late (SLOW_TOPIC_HOOK), which makes
+    that window wide, and is SIGKILLed inside it; a normal worker takes over."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_TOPIC_HOOK)
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    views = parse_config(data).release_topic("views")
+    slow = {
+        **FAST_REJOIN,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+        "DPSTREAM_TEST_SLOW_TOPIC": views,
+        "DPSTREAM_TEST_SLOW_SECONDS": str(6 * TICK),
+    }
+    first = start_worker(bootstrap, tmp_path, data, slow)
+    lives = Lives(first, bootstrap, dict(FAST_REJOIN))  # every later worker is a normal one
+    rd = readers(bootstrap, first)
+    traffic = Traffic(bootstrap, first.cfg, 8)
+    try:
+        wait_for_first_release(first, rd["views"])
+        traffic.start()
+        time.sleep(4 * TICK)
+        # Half a tick after a fresh clicks release, the views release of that tick, once
+        # stage 2 has sent it, is still in the hook, which holds it for 2.5 s more.
+        seen = max(r["tick"] for r in rd["clicks"].drain())
+
+        def fresh() -> bool:
+            return max(r["tick"] for r in rd["clicks"].drain()) > seen
+
+        wait_until(fresh, 60, "a fresh clicks release", lives.current)
+        time.sleep(TICK)
+        held = max(r["tick"] for r in rd["views"].drain())
+        lives.kill("views releases unacknowledged")
+        wait_for_progress(lives, rd, lives.restart())
+        out = finish(lives, rd, traffic)
+    except BaseException:
+        traffic.abort()
+        raise
+    finally:
+        for r in rd.values():
+            r.close()
+        lives.stop()
+    ticks = {orjson.loads(r)["tick"] for r in out["releases"]["views"]}
+    missing = sorted(set(range(min(ticks), max(ticks) + 1)) - ticks)
+    assert not missing, f"views never released ticks {missing} (released up to {held})"
+    for name, raw in out["releases"].items():
+        deduplicated(name, raw)
+    truth = truncated_counts(list(export_log(first.cfg, bootstrap)), first.cfg)
+    for record in deduplicated("views", out["releases"]["views"]):
+        rel = orjson.loads(record)
+        assert rel["value"] == truth["views"].get(rel["tick"], 0), rel["tick"]
+
+
+class CountLostError(AssertionError):
+    """A release below the truncated true count: some kept units never reached it."""
+
+
+@pytest.mark.xfail(
+    strict=False,
+    raises=CountLostError,
+    reason="pipeline/stages.py Stage1.add_events: a re-delivered record whose user entry has "
+    "already applied a later record (stored['offset'] > offset) is skipped although the "
+    "partition state lost it (offset > last_offset): its kept units never reach pending. "
+    "Reachable since pipeline/app.py handle_input awaits outputs but not the users-changelog "
+    "and stage1-changelog writes, which are unordered (different partitions)",
+)
+def test_partition_state_lost_behind_the_user_state_loses_no_count(bootstrap, tmp_path):
+    """A crash can keep the users changelog's entries of several records and lose the
+    stage1 changelog's partition state of the same records (different partitions, written
+    without order). The records are then re-delivered and must each count once. Seen once
+    under the crash schedule (a zero-noise release 2 below the truncated count on the
+    catch-up tick after a mid-tick kill). Here, right after a tick's release, the first
+    worker's stage1-changelog writes start to reach Kafka 6 s late (SLOW_TOPIC_HOOK); it
+    gets two records from each of 20 new users, is SIGKILLed once the users changelog shows
+    both applied, before the tick ends (so no report of that tick went out); a normal
+    worker takes over and must count 2 views per user."""
+    interval = 4.0
+    hook, flag = tmp_path / "hook", tmp_path / "slow-from-now"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_TOPIC_HOOK)
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    data["ticks"] = {"interval_seconds": interval}
+    cfg = parse_config(data)
+    slow = {
+        **FAST_REJOIN,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+        "DPSTREAM_TEST_SLOW_TOPIC": changelog_topics(cfg)[1],  # the stage1 table's
+        "DPSTREAM_TEST_SLOW_SECONDS": "6",
+        "DPSTREAM_TEST_SLOW_FLAG": str(flag),
+    }
+    first = start_worker(bootstrap, tmp_path, data, slow)
+    lives = Lives(first, bootstrap, dict(FAST_REJOIN))  # every later worker is a normal one
+    rd = readers(bootstrap, first)
+    users = [f"fresh-{i:02d}" for i in range(20)]
+
+    def newest() -> int:
+        return max(r["tick"] for r in rd["views"].drain())
+
+    def applied() -> bool:  # the users changelog has both records of every new user
+        state = table_state(bootstrap, changelog_topics(cfg)[0], cfg.input.partitions)
+        return all(state.get(u, {}).get("used", {}).get("views") == 2 for u in users)
+
+    try:
+        wait_for_first_release(first, rd["views"])
+        producer = make_producer(bootstrap)
+        producer.list_topics(cfg.input.topic, timeout=10)  # connected before the clock runs
+        # Right after a tick's release: every partition has processed that tick's marker
+        # (its state is stored), so the records below fall into the next tick.
+        before = newest()
+        wait_until(lambda: newest() > before, 3 * interval, "a tick's release", first)
+        tick_end = (newest() + 2) * interval
+        flag.touch()
+        for _ in range(2):  # two records per user, both kept (tau: views 5, views4 3)
+            produce_events(producer, cfg, [{"user_id": u, "key": "view"} for u in users])
+            assert producer.flush(10) == 0
+        wait_until(applied, interval, "the new users' entries", first)
+        assert time.time() < tick_end - 0.3, "too slow to kill inside the tick"
+        lives.kill("stage-1 partition state unacknowledged")
+        restarted = math.floor(lives.restart() / interval)
+
+        def caught_up() -> bool:
+            return all(
+                any(r["tick"] >= restarted for r in rd[s.name].drain()) for s in cfg.statistics
+            )
+
+        wait_until(caught_up, RESTART_TIMEOUT, "releases after the restart", lives.current)
+        releases = {s.name: rd[s.name].records[:] for s in cfg.statistics}
+    finally:
+        for r in rd.values():
+            r.close()
+        lives.stop()
+    truth = truncated_counts(list(export_log(cfg, bootstrap)), cfg)
+    for name, raw in releases.items():
+        for record in deduplicated(name, raw):
+            rel = orjson.loads(record)
+            expected = truth[name].get(rel["tick"], 0)
+            if rel["value"] != expected:
+                raise CountLostError(f"{name} tick {rel['tick']}: {rel['value']} != {expected}")
+    assert orjson.loads(releases["views"][-1])["value"] == 2 * len(users)
