@@ -33,6 +33,7 @@ from . import _validate
 from .expiring_tree import ceil_float
 from .noise import NodeId, NoiseSource, discrete_laplace_variance, laplace_variance, node_bytes
 from .release import Term, TreeRelease, noise_std, noisy_release
+from .tree_counter import popcount_sum
 
 MECHANISM = "round_restart"
 
@@ -202,15 +203,6 @@ def step(
     return new_state, noisy_release(new_state.t, new_state.total, terms, noise)
 
 
-def _popcount_prefix(n: int) -> int:
-    """sum_{i=1..n} popcount(i) in O(log n)."""
-    total = 0
-    for m in range(n.bit_length()):
-        period = 1 << (m + 1)
-        total += (n + 1) // period * (period >> 1) + max(0, (n + 1) % period - (period >> 1))
-    return total
-
-
 def mean_noise_variance(spec: RoundRestartSpec, horizon: int, *, continuous: bool = False) -> float:
     """(1 / T) * sum_{t=1..T} Var(noise_t), the MSE the paper calibrates to 1000.
 
@@ -228,7 +220,7 @@ def mean_noise_variance(spec: RoundRestartSpec, horizon: int, *, continuous: boo
     _validate.check_int_ge("horizon", horizon, 1)
     var = laplace_variance if continuous else discrete_laplace_variance
     full, rest = divmod(horizon, spec.window)
-    bits = full * _popcount_prefix(spec.window) + _popcount_prefix(rest)
+    bits = full * popcount_sum(spec.window) + popcount_sum(rest)
     past_steps = max(0, horizon - spec.window)
     return (bits * var(bm_scale(spec)) + past_steps * var(past_scale(spec))) / horizon
 

@@ -135,13 +135,13 @@ def mse(spec: BinaryTreeSpec, horizon: int, continuous: bool = False) -> float:
     while (1 << period) <= horizon:
         steps = min(horizon, (2 << period) - 1) - (1 << period) + 1
         v = var(node_scale(spec, period))
-        total += steps * completed + v * _popcount_sum(steps)
+        total += steps * completed + v * popcount_sum(steps)
         completed += v
         period += 1
     return total / horizon
 
 
-def _popcount_sum(n: int) -> int:
+def popcount_sum(n: int) -> int:
     """sum of popcount(k) for k = 1..n, bit by bit."""
     total, bit = 0, 0
     while (1 << bit) <= n:
