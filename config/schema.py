@@ -90,13 +90,34 @@ class Neighbours(StrEnum):
 Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 
 
+Kind = Literal["count", "sum", "histogram", "kselect", "distinct"]
+# Kinds whose event ``value`` is an integer in [1, R] (R = max_value or bins).
+VALUED_KINDS = ("sum", "histogram", "kselect")
+
+
 class StatisticConfig(_Model):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     name: str
-    kind: Literal["count"] = "count"
+    # count: events; sum: integer values in [1, max_value]; histogram: counts of integer
+    # values in [1, bins] (and their max frequency); kselect: the rank-th largest value
+    # in [1, bins] (max, median or an integer k); distinct: distinct event values.
+    kind: Kind = "count"
     epsilon: float = Field(gt=0)
-    tau: int = Field(ge=1, le=1_000_000)
+    # auto: the user-level mechanism (spec 001 Alg. 5): no contribution bound to guess;
+    # an SVT tracker finds it. An integer: fixed truncation (Alg. 3), count and sum only.
+    tau: int | Literal["auto"] = "auto"
+    # User-level (tau: auto) parameters, spec 001 sections 2.4-2.6 and 2.13.
+    beta: float = Field(0.1, gt=0, lt=1)
+    theta: float = Field(1.0, gt=0, le=4)
+    practical: bool = True  # tracker starts at tau = 64 with the shifted series (2.6)
+    practical_instances: bool = False  # the shifted series for the instances too
+    max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R
+    bins: int | None = Field(None, ge=1, le=4096)  # histogram, kselect: R
+    rank: Literal["max", "median"] | int | None = None  # kselect
+    # Events with "op": "delete" form a second stream; count, sum and histogram release
+    # F_ins - F_del, each at epsilon / 2 (spec 001 section 2.11).
+    deletions: bool = False
     # binary: spec 001 2.2; kary / kary_subtract: spec 002 (k-ary tree, with balanced
     # negative digits); expiring: spec 004 Alg. 3 (lambda, delay B); auto: the tree with
     # the least exact MSE over horizon_ticks (choosing costs no privacy).
@@ -116,6 +137,51 @@ class StatisticConfig(_Model):
         if v > 5:
             log.warning("epsilon=%s is large; the privacy guarantee is weak", v)
         return v
+
+    @field_validator("tau")
+    @classmethod
+    def _tau(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1_000_000:
+            raise ValueError("must be 'auto' or an integer in [1, 1000000]")
+        return v
+
+    @property
+    def user_level(self) -> bool:
+        """The contribution bound is tracked privately (spec 001 Alg. 5), not configured."""
+        return self.tau == "auto"
+
+    @property
+    def fixed_tau(self) -> int:
+        assert isinstance(self.tau, int)
+        return self.tau
+
+    @model_validator(mode="after")
+    def _kind_parameters(self) -> StatisticConfig:
+        kind = self.kind
+        if kind == "sum" and self.max_value is None:
+            raise ValueError("max_value: required for kind sum (values are integers 1..R)")
+        if kind != "sum" and self.max_value is not None:
+            raise ValueError(f"max_value: only applies to kind sum, not {kind}")
+        if kind in ("histogram", "kselect") and self.bins is None:
+            raise ValueError(f"bins: required for kind {kind} (values are integers 1..R)")
+        if kind not in ("histogram", "kselect") and self.bins is not None:
+            raise ValueError(f"bins: only applies to histogram and kselect, not {kind}")
+        if kind == "kselect" and self.rank is None:
+            raise ValueError("rank: required for kind kselect (max, median or an integer k)")
+        if kind != "kselect" and self.rank is not None:
+            raise ValueError(f"rank: only applies to kind kselect, not {kind}")
+        if isinstance(self.rank, int) and self.rank < 1:
+            raise ValueError("rank: an integer rank must be >= 1")
+        if not self.user_level and kind not in ("count", "sum"):
+            raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: count and sum)")
+        if self.user_level and self.mechanism != "binary":
+            raise ValueError("mechanism: tau: auto runs spec 001's binary tree; use binary")
+        if not self.user_level and (self.deletions or self.practical_instances):
+            raise ValueError("deletions: only with tau: auto")
+        if self.deletions and kind in ("distinct", "kselect"):
+            # Distinct count with deletions is open (spec 001 section 2.11).
+            raise ValueError(f"deletions: not supported for kind {kind}")
+        return self
 
     @model_validator(mode="after")
     def _mechanism_parameters(self) -> StatisticConfig:

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator, MutableMapping
 from pathlib import Path
 
 import faust
@@ -58,6 +58,29 @@ def dead_letter(
     return orjson.dumps(record)
 
 
+class KeyPrefix(MutableMapping[str, dict]):
+    """A view of the entries of ``table`` whose keys start with ``prefix``."""
+
+    def __init__(self, table: MutableMapping[str, dict], prefix: str) -> None:
+        self._table, self._prefix = table, prefix
+
+    def __getitem__(self, key: str) -> dict:
+        return self._table[self._prefix + key]
+
+    def __setitem__(self, key: str, value: dict) -> None:
+        self._table[self._prefix + key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._table[self._prefix + key]
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self._prefix)
+        return (k[n:] for k in self._table if k.startswith(self._prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
     """Build the worker's Faust app for one pipeline definition."""
     partitions = cfg.input.partitions
@@ -83,11 +106,14 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     dead_letter_topic = app.topic(cfg.outputs.dead_letter_topic, partitions=1, **raw)
     ledger_topic = app.topic(cfg.outputs.ledger_topic, partitions=1, **raw)
 
-    # Stage-1 state: per-user used units (keyed by user) and per-partition tick state
-    # (keyed by partition number). Both are written while processing that partition, so
-    # their changelog entries land on it and recover with it.
-    users = app.Table("users", partitions=partitions, key_type=str)
-    stage1_state = app.Table("stage1", partitions=partitions, key_type=str)
+    # Stage-1 state in ONE table: user entries ("u:<user>") and the partition's tick state
+    # ("p:<partition>"). Faust writes a changelog entry to the partition of the record
+    # being processed, so both kinds of entry share one changelog partition, in the order
+    # written: a crash loses a suffix of that sequence, never a user entry while keeping
+    # the partition state written after it (or the reverse), which is what makes the
+    # per-record idempotence of Stage1.add_events sufficient.
+    stage1_table = app.Table("stage1", partitions=partitions, key_type=str)
+    users = KeyPrefix(stage1_table, "u:")
     stage2_state = app.Table("stage2", partitions=partitions, key_type=str)
 
     stage1 = Stage1(cfg)
@@ -111,8 +137,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             await future
 
     async def handle_input(partition: int, offset: int, value: bytes | None, headers) -> None:
-        pkey = str(partition)
-        pstate = stage1_state.get(pkey) or Stage1.new_partition_state()
+        pkey = f"p:{partition}"
+        pstate = stage1_table.get(pkey) or Stage1.new_partition_state()
         sent: list[Awaitable] = []
         kind = header_kind(headers)
         if kind == TICK and offset <= pstate["last_offset"]:
@@ -147,7 +173,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                     sent.append(await reject(reason, partition, offset, value, index))
         await acknowledged(sent)
         pstate["last_offset"] = max(pstate["last_offset"], offset)
-        stage1_state[pkey] = pstate
+        stage1_table[pkey] = pstate
 
     @app.agent(input_topic, name="stage1")
     async def stage1_agent(stream):

@@ -1,8 +1,9 @@
 """Wire formats of the input topic, and their validation.
 
 An input record is one of:
-  * an event: a JSON object ``{"user_id": str, "value"?: number, "key"?: str, "ts"?: number|str}``
-    keyed by user_id;
+  * an event: a JSON object
+    ``{"user_id": str, "value"?: number, "key"?: str, "ts"?: number|str, "op"?: "insert"|"delete"}``
+    keyed by user_id (``op: delete`` feeds the deletion stream of statistics that have one);
   * a batch envelope (header ``dpstream: batch``): a JSON array of events whose users all
     hash to the record's partition (our producer groups them so);
   * a tick marker (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
@@ -39,6 +40,18 @@ class Event:
     user_id: str
     key: str | None
     value: float | None
+    delete: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRule:
+    """What a statistic needs of the ``value`` of the events it counts."""
+
+    statistic: str
+    key: str | None  # the events it counts: this key, or every event when None
+    needs_value: bool
+    max_value: int | None  # an integer in [1, max_value]; None: any finite number
+    deletions: bool  # it counts "op": "delete" events (as its deletion stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +60,7 @@ class Limits:
     max_user_id_length: int
     # The event keys some statistic counts; None when a statistic counts every event.
     known_keys: frozenset[str] | None
+    value_rules: tuple[ValueRule, ...] = ()
 
 
 def partition_for(user_id: str, partitions: int) -> int:
@@ -92,7 +106,33 @@ def parse_event(obj: object, limits: Limits) -> Event:
     ts = obj.get("ts")
     if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float, str))):
         raise BadRecord("ts is not a number or string")
-    return Event(user_id=user_id, key=key, value=value)
+    op = obj.get("op", "insert")
+    if op not in ("insert", "delete"):
+        raise BadRecord("op is not insert or delete")
+    event = Event(user_id=user_id, key=key, value=value, delete=op == "delete")
+    _check_value_rules(event, limits.value_rules)
+    return event
+
+
+def _check_value_rules(event: Event, rules: tuple[ValueRule, ...]) -> None:
+    # The whole event is rejected if any statistic that counts it cannot: it is never
+    # counted by some statistics and not others.
+    deletable = False
+    for rule in rules:
+        if rule.key is not None and event.key != rule.key:
+            continue
+        deletable = deletable or rule.deletions
+        if (event.delete and not rule.deletions) or not rule.needs_value:
+            continue
+        if rule.max_value is None:
+            if event.value is None:
+                raise BadRecord(f"missing value (statistic {rule.statistic})")
+        elif event.value is None or event.value != int(event.value):
+            raise BadRecord(f"value is not an integer (statistic {rule.statistic})")
+        elif not 1 <= event.value <= rule.max_value:
+            raise BadRecord(f"value outside [1, {rule.max_value}] (statistic {rule.statistic})")
+    if event.delete and not deletable:
+        raise BadRecord("op delete: no statistic with deletions counts this event")
 
 
 def _loads(value: bytes) -> object:
@@ -157,4 +197,6 @@ def event_json(event: Event) -> dict[str, object]:
         out["key"] = event.key
     if event.value is not None:
         out["value"] = event.value
+    if event.delete:
+        out["op"] = "delete"
     return out

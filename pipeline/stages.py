@@ -33,15 +33,15 @@ SCHEMA_VERSION = 1
 class Report:
     """Stage 1 -> stage 2: partition ``partition`` closed ticks ``from_tick..tick``.
 
-    Ticks before ``tick`` in that range were empty (caught-up markers); ``weight`` is the
-    sum of kept units in ``tick``.
+    Ticks before ``tick`` in that range were empty (caught-up markers); ``weights`` holds
+    what the partition's users contributed in ``tick`` (see ``Stage1`` for the keys).
     """
 
     statistic: str
     partition: int
     from_tick: int
     tick: int
-    weight: int
+    weights: dict[str, int]
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -49,7 +49,7 @@ class Report:
             "partition": self.partition,
             "from_tick": self.from_tick,
             "tick": self.tick,
-            "weight": self.weight,
+            "weights": self.weights,
         }
 
     @classmethod
@@ -59,15 +59,66 @@ class Report:
             partition=int(obj["partition"]),
             from_tick=int(obj["from_tick"]),
             tick=int(obj["tick"]),
-            weight=int(obj["weight"]),
+            weights={str(k): int(v) for k, v in obj["weights"].items()},
         )
 
 
+def _add(into: dict[str, int], weights: dict[str, int]) -> None:
+    for key, value in weights.items():
+        into[key] = into.get(key, 0) + value
+
+
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    """How stage 1 counts one statistic: which events, and what they contribute."""
+
+    name: str
+    key: str | None
+    kind: str
+    fixed: truncation.TruncationSpec | None  # None: user-level (rank bands)
+    deletions: bool
+
+    @classmethod
+    def of(cls, stat: StatisticConfig) -> _Counted:
+        fixed = None if stat.user_level else truncation.make_truncation(stat.fixed_tau)
+        return cls(stat.name, stat.key, stat.kind, fixed, stat.deletions)
+
+    def stream(self, event: Event) -> str | None:
+        """"+" (insertions) or "-" (deletions) if this statistic counts ``event``."""
+        if self.key is not None and event.key != self.key:
+            return None
+        if event.delete:
+            return "-" if self.deletions else None
+        return "+"
+
+    def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
+        """(units, weights) of ``event`` for a user who has sent ``used`` units before.
+
+        Fixed tau: "w" = the kept units (Alg. 3, partial for a straddling sum item).
+        User-level: "<stream>b<band>/<bin>" = units by rank band (operators.truncation),
+        "<stream>x<j>" = 1 when the user's total passes 2^j (Count(D_t, 2^j) gains the
+        user); distinct count: "b<band>/<value>" for the value instead of a bin.
+        """
+        units = int(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
+        if self.fixed is not None:
+            return units, {"w": truncation.admit(self.fixed, used, units)}
+        out = {f"{stream}x{j}": 1 for j in truncation.crossings(used, units)}
+        if self.kind == "distinct":
+            out[f"b{truncation.rank_band(used + 1)}/{event.value!r}"] = 1
+            return units, out
+        column = int(event.value) - 1 if self.kind in ("histogram", "kselect") else 0  # type: ignore[arg-type]
+        for band, n in truncation.rank_bands(used, units):
+            out[f"{stream}b{band}/{column}"] = out.get(f"{stream}b{band}/{column}", 0) + n
+        return units, out
+
+
 class Stage1:
-    """Per-user truncation (spec 001 Alg. 3) and per-tick pre-aggregation."""
+    """Per-user contribution counts (on the original stream) and per-tick pre-aggregation:
+    kept units for a fixed tau (spec 001 Alg. 3), units by rank band and the users
+    crossing each power of two for the user-level mechanisms (Alg. 5)."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
-        self._stats = [(s.name, s.key, truncation.make_truncation(s.tau)) for s in cfg.statistics]
+        self._stats = [_Counted.of(s) for s in cfg.statistics]
 
     @staticmethod
     def new_partition_state() -> dict:
@@ -76,18 +127,21 @@ class Stage1:
     def add_events(
         self, pstate: dict, users: MutableMapping[str, dict], events: list[Event], offset: int
     ) -> None:
-        """Count record ``offset``'s events against their users' bounds; add the kept units
-        to this tick's pending sums.
+        """Count record ``offset``'s events against their users' totals; add what they
+        contribute to this tick's pending sums.
 
-        Idempotent per record, whichever of the two table writes (user entries, then the
+        Idempotent per record, whichever of the table writes (user entries, then the
         partition state) survived a crash: a user entry remembers the offset it last
-        applied and the units it kept then, so a re-delivered record
+        applied and what it contributed then, so a re-delivered record
         * re-counts a user whose entry missed it (else the user could exceed tau), and
-        * re-adds the kept units of a user whose entry has it but whose units the
+        * re-adds the contribution of a user whose entry has it but whose units the
           partition's pending sums lost (else the count would lose them).
+        pipeline/app.py keeps both kinds of entry in one changelog partition, in write
+        order, so a crash loses a suffix of the writes: only the LAST record's entries
+        can be ahead of the partition state, which is what this handles.
         """
         in_pending = offset <= pstate["last_offset"]
-        pending: dict[str, int] = pstate["pending"]
+        pending: dict[str, dict[str, int]] = pstate["pending"]
         by_user: dict[str, list[Event]] = {}
         for event in events:
             by_user.setdefault(event.user_id, []).append(event)
@@ -96,22 +150,24 @@ class Stage1:
             stored = users.get(user_id) or {"used": {}, "offset": -1, "kept": {}}
             if stored["offset"] >= offset:
                 if stored["offset"] == offset and not in_pending:
-                    for name, kept in stored["kept"].items():
-                        pending[name] = pending.get(name, 0) + kept
+                    for name, weights in stored["kept"].items():
+                        _add(pending.setdefault(name, {}), weights)
                 continue
             used, kept_now = dict(stored["used"]), {}
             for event in user_events:
-                for name, key, spec in self._stats:
-                    if key is not None and event.key != key:
+                for stat in self._stats:
+                    stream = stat.stream(event)
+                    if stream is None:
                         continue
-                    before = used.get(name, 0)
-                    used[name] = before + 1
-                    kept = truncation.admit(spec, before, 1)
-                    if kept:
-                        kept_now[name] = kept_now.get(name, 0) + kept
+                    slot = stat.name if stream == "+" else f"{stat.name}/-"
+                    units, weights = stat.contribution(stream, used.get(slot, 0), event)
+                    used[slot] = used.get(slot, 0) + units
+                    weights = {k: v for k, v in weights.items() if v}
+                    if weights:
+                        _add(kept_now.setdefault(stat.name, {}), weights)
             if not in_pending:
-                for name, kept in kept_now.items():
-                    pending[name] = pending.get(name, 0) + kept
+                for name, weights in kept_now.items():
+                    _add(pending.setdefault(name, {}), weights)
             users[user_id] = {"used": used, "offset": offset, "kept": kept_now}
 
     def close_tick(self, pstate: dict, partition: int, tick: int) -> list[Report]:
@@ -122,8 +178,8 @@ class Stage1:
         from_tick = tick if last is None else last + 1
         pending = pstate["pending"]
         reports = [
-            Report(name, partition, from_tick, tick, pending.get(name, 0))
-            for name, _, _ in self._stats
+            Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}))
+            for stat in self._stats
         ]
         pstate["pending"] = {}
         pstate["last_tick"] = tick
@@ -160,9 +216,8 @@ class Stage2:
             return [], []  # re-delivered report: already counted
         sstate["first"].setdefault(part, report.from_tick)
         sstate["reported"][part] = report.tick
-        if report.weight:
-            key = str(report.tick)
-            sstate["pending"][key] = sstate["pending"].get(key, 0) + report.weight
+        if report.weights:
+            _add(sstate["pending"].setdefault(str(report.tick), {}), report.weights)
         if len(sstate["reported"]) < self._partitions:
             return [], []
         origin = min(sstate["first"].values())
@@ -172,12 +227,13 @@ class Stage2:
         for tick in range(start, upto + 1):
             if sstate["last_closed"] is None:
                 ledger.append(self._ledger_entry(report.statistic, tick))
-            weight = sstate["pending"].pop(str(tick), 0)
-            releases.append(self._advance(sstate, report.statistic, tick, weight))
+            weights = sstate["pending"].pop(str(tick), {})
+            releases.append(self._advance(sstate, report.statistic, tick, weights))
             sstate["last_closed"] = tick
         return releases, ledger
 
-    def _advance(self, sstate: dict, name: str, tick: int, weight: int) -> dict:
+    def _advance(self, sstate: dict, name: str, tick: int, weights: dict[str, int]) -> dict:
+        weight = weights.get("w", 0)
         sstate["tree"], rel = self._counters[name].step(sstate["tree"], weight, self._noise)
         return self._release_record(self._stats[name], tick, rel)
 

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 # The Faust tables of pipeline/app.py; Faust names their changelogs <app_id>-<table>-changelog.
-TABLES = ("users", "stage1", "stage2")
+TABLES = ("stage1", "stage2")
 
 
 def changelog_topics(cfg: PipelineConfig) -> list[str]:

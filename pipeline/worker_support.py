@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
+from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig, StatisticConfig
 from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
 
-from .records import Limits
+from .records import Limits, ValueRule
 
 MIN_KEY_BYTES = 16
 
@@ -24,7 +24,14 @@ def limits_for(cfg: PipelineConfig) -> Limits:
         max_user_id_length=cfg.input.max_user_id_length,
         # A statistic without a key filter counts every event, whatever its key.
         known_keys=None if None in keys else frozenset(keys),
+        value_rules=tuple(value_rule(s) for s in cfg.statistics),
     )
+
+
+def value_rule(stat: StatisticConfig) -> ValueRule:
+    """Count ignores values; distinct needs one; sum, histogram and kselect need 1..R."""
+    bound = stat.max_value if stat.kind == "sum" else stat.bins
+    return ValueRule(stat.name, stat.key, stat.kind != "count", bound, stat.deletions)
 
 
 def load_noise(cfg: PipelineConfig) -> NoiseSource:

@@ -15,10 +15,12 @@ from dpstream.pipeline.records import (
     Limits,
     decode_events,
     decode_tick,
+    event_json,
     header_kind,
+    parse_event,
     partition_for,
 )
-from dpstream.pipeline.worker_support import load_noise
+from dpstream.pipeline.worker_support import limits_for, load_noise
 
 LIMITS = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=frozenset({"click"}))
 ANY_KEY = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=None)
@@ -76,6 +78,51 @@ def test_a_statistic_without_key_filter_accepts_every_key():
         assert len(decode_events(payload, None, limits)[0]) == 1
 
 
+def _valued_limits():
+    cfg = parse_config(
+        {
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "n", "epsilon": 1, "tau": 3},
+                {"name": "spend", "epsilon": 1, "kind": "sum", "max_value": 10, "key": "buy"},
+                {"name": "seen", "epsilon": 1, "kind": "distinct", "key": "page"},
+                {"name": "cart", "epsilon": 1, "key": "cart", "deletions": True},
+            ],
+        }
+    )
+    return limits_for(cfg)
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"key": "buy"}, "value is not an integer (statistic spend)"),
+        ({"key": "buy", "value": 2.5}, "value is not an integer (statistic spend)"),
+        ({"key": "buy", "value": 11}, "value outside [1, 10] (statistic spend)"),
+        ({"key": "buy", "value": 0}, "value outside [1, 10] (statistic spend)"),
+        ({"key": "page"}, "missing value (statistic seen)"),
+        (
+            {"key": "page", "op": "delete", "value": 1},
+            "op delete: no statistic with deletions counts this event",
+        ),
+        ({"key": "cart", "op": "remove"}, "op is not insert or delete"),
+    ],
+)
+def test_statistics_reject_events_they_cannot_use(event, reason):
+    with pytest.raises(BadRecord) as info:
+        parse_event({"user_id": "u", **event}, _valued_limits())
+    assert str(info.value) == reason
+
+
+def test_good_valued_and_delete_events():
+    limits = _valued_limits()
+    buy = parse_event({"user_id": "u", "key": "buy", "value": 10}, limits)
+    assert (buy.value, buy.delete) == (10.0, False)
+    gone = parse_event({"user_id": "u", "key": "cart", "op": "delete"}, limits)
+    assert gone.delete and event_json(gone) == {"user_id": "u", "key": "cart", "op": "delete"}
+    assert parse_event({"user_id": "u", "key": "page", "value": -3.5}, limits).value == -3.5
+
+
 def test_envelope_keeps_good_events_and_reports_bad_ones_by_index():
     payload = orjson.dumps(
         [{"user_id": "a", "key": "click"}, {"user_id": ""}, {"user_id": "b", "key": "click"}]
@@ -129,7 +176,10 @@ def _cfg(**changes):
     ("changes", "message"),
     [
         ({"statistics__0__epsilon": -1}, "statistics[0].epsilon: Input should be greater than 0"),
-        ({"statistics__0__tau": 0}, "statistics[0].tau: Input should be greater than or equal"),
+        (
+            {"statistics__0__tau": 0},
+            "statistics[0].tau: must be 'auto' or an integer in [1, 1000000]",
+        ),
         ({"statistics__0__kind": "median"}, "statistics[0].kind: Input should be 'count'"),
         ({"statistics__0__name": "bad name!"}, "statistics[0].name: must match"),
         ({"statistics__0__bogus": 1}, "statistics[0].bogus: Extra inputs are not permitted"),
@@ -153,6 +203,38 @@ def _cfg(**changes):
         ({"statistics__0__lambda": 2}, "statistics[0].lambda: lambda and delay only apply"),
         ({"statistics__0__mechanism": "auto"}, "statistics[0].horizon_ticks: required"),
         ({"statistics__0__mechanism": "fancy"}, "statistics[0].mechanism: Input should be"),
+        ({"statistics__0__kind": "sum"}, "statistics[0].max_value: required for kind sum"),
+        ({"statistics__0__bins": 8}, "statistics[0].bins: only applies to histogram and kselect"),
+        (
+            {"statistics__0__kind": "histogram", "statistics__0__bins": 8},
+            "statistics[0].tau: kind histogram needs tau: auto",
+        ),
+        (
+            {
+                "statistics__0__kind": "kselect",
+                "statistics__0__bins": 8,
+                "statistics__0__tau": "auto",
+            },
+            "statistics[0].rank: required for kind kselect",
+        ),
+        (
+            {
+                "statistics__0__tau": "auto",
+                "statistics__0__mechanism": "kary",
+                "statistics__0__k": 4,
+            },
+            "statistics[0].mechanism: tau: auto runs spec 001's binary tree",
+        ),
+        (
+            {
+                "statistics__0__tau": "auto",
+                "statistics__0__kind": "distinct",
+                "statistics__0__deletions": True,
+            },
+            "statistics[0].deletions: not supported for kind distinct",
+        ),
+        ({"statistics__0__deletions": True}, "statistics[0].deletions: only with tau: auto"),
+        ({"statistics__0__theta": 0}, "statistics[0].theta: Input should be greater than 0"),
     ],
 )
 def test_bad_config_names_the_field(changes, message):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import orjson
 import pytest
 
 from dpstream.config.schema import parse_config
 from dpstream.operators import truncation
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
+from dpstream.pipeline.app import KeyPrefix
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Report, Stage1, Stage2
@@ -53,13 +56,20 @@ def test_stage1_truncates_per_statistic_and_filters_by_key():
     pstate = Stage1.new_partition_state()
     events = [Event("a", "click", None)] * 3 + [Event("b", None, None)]
     stage1.add_events(pstate, users, events, offset=0)
-    assert pstate["pending"] == {"all": 3, "clicks": 1}  # a: 2 of 3 kept; b: 1
+    assert pstate["pending"] == {"all": {"w": 3}, "clicks": {"w": 1}}  # a: 2 of 3 kept; b: 1
     assert users == {
-        "a": {"used": {"all": 3, "clicks": 3}, "offset": 0, "kept": {"all": 2, "clicks": 1}},
-        "b": {"used": {"all": 1}, "offset": 0, "kept": {"all": 1}},
+        "a": {
+            "used": {"all": 3, "clicks": 3},
+            "offset": 0,
+            "kept": {"all": {"w": 2}, "clicks": {"w": 1}},
+        },
+        "b": {"used": {"all": 1}, "offset": 0, "kept": {"all": {"w": 1}}},
     }
     reports = stage1.close_tick(pstate, 1, 100)
-    assert reports == [Report("all", 1, 100, 100, 3), Report("clicks", 1, 100, 100, 1)]
+    assert reports == [
+        Report("all", 1, 100, 100, {"w": 3}),
+        Report("clicks", 1, 100, 100, {"w": 1}),
+    ]
     assert pstate["pending"] == {}
 
 
@@ -70,8 +80,6 @@ def _apply(stage1, pstate, users, events, offset):
 
 def test_stage1_is_idempotent_whichever_table_write_a_crash_lost():
     """A record is re-delivered after a crash that persisted only one of the two writes."""
-    import copy
-
     stage1 = Stage1(config())
     record = [Event("a", None, None)] * 3 + [Event("b", None, None)]
     first = Stage1.new_partition_state(), {}
@@ -93,7 +101,70 @@ def test_stage1_is_idempotent_whichever_table_write_a_crash_lost():
     pstate, users = copy.deepcopy(full_pstate), copy.deepcopy(full_users)
     _apply(stage1, pstate, users, record, offset=1)
     assert (pstate, users) == (full_pstate, full_users)
-    assert full_pstate["pending"] == {"all": 3} and full_users["a"]["used"] == {"all": 4}
+    assert full_pstate["pending"] == {"all": {"w": 3}} and full_users["a"]["used"] == {"all": 4}
+
+
+class ChangelogTable(dict):
+    """A Faust table stand-in that logs every write, in order, like its changelog."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def __setitem__(self, key, value) -> None:
+        self.log.append((key, copy.deepcopy(value)))
+        super().__setitem__(key, copy.deepcopy(value))
+
+
+def _worker_step(stage1, table, record, reports) -> None:
+    """What pipeline/app.py handle_input does with one record, in its write order: user
+    entries ("u:") first, the partition state ("p:0") last, into one table."""
+    offset, payload = record
+    pstate = copy.deepcopy(table.get("p:0")) or Stage1.new_partition_state()
+    if isinstance(payload, int):
+        if offset <= pstate["last_offset"]:
+            return
+        reports.extend(stage1.close_tick(pstate, 0, payload))
+    else:
+        stage1.add_events(pstate, KeyPrefix(table, "u:"), payload, offset)
+    pstate["last_offset"] = max(pstate["last_offset"], offset)
+    table["p:0"] = pstate
+
+
+def test_stage1_counts_every_record_once_after_a_crash_at_any_changelog_write():
+    """One changelog partition holds both kinds of stage-1 entry in write order, so a
+    crash keeps a prefix of the writes; Faust flushes them before it commits an offset,
+    so the records re-delivered start at or before the first lost write. For every such
+    prefix and restart offset, the run ends with the uninterrupted run's state and
+    reports (a re-sent report is a duplicate stage 2 drops by tick)."""
+    stage1 = Stage1(config())
+    a, b, c = Event("a", None, None), Event("b", "click", None), Event("c", "click", None)
+    records = list(enumerate([[a, b], [a, a], 10, [b, c, a], [c], [a, b, b], 11, [c, c], 12]))
+    log: list = []
+    table, reports = ChangelogTable(log), []
+    for record in records:
+        _worker_step(stage1, table, record, reports)
+    full = {k: v for k, v in table.items()}
+    expected = {(r.statistic, r.tick): r for r in reports}
+    assert [(r.tick, r.weights) for r in reports if r.statistic == "all"] == [
+        (10, {"w": 3}),  # a: 2 of 3 kept (tau 2), b: 1
+        (11, {"w": 3}),  # a: 0 (at tau), b: 1 more, c: 2
+        (12, {}),  # c: at tau
+    ]
+    for cut in range(len(log) + 1):
+        persisted = {}
+        for key, value in log[:cut]:
+            persisted[key] = value
+        done = persisted.get("p:0", {"last_offset": -1})["last_offset"]
+        for restart in range(done + 2):  # any committed offset up to the persisted state's
+            table = ChangelogTable([])
+            table.update(copy.deepcopy(persisted))
+            resent: list = []
+            for record in records[restart:]:
+                _worker_step(stage1, table, record, resent)
+            assert dict(table) == full, (cut, restart)
+            for r in resent:
+                assert expected[r.statistic, r.tick] == r, (cut, restart)
 
 
 def test_stage1_ignores_duplicate_markers_and_catches_up_gaps():
@@ -110,14 +181,14 @@ def test_stage2_closes_a_tick_only_when_every_partition_reported_it():
     cfg = config()
     stage2 = Stage2(cfg, ZeroNoise(), partitions=2)
     state = Stage2.new_state()
-    assert stage2.on_report(state, Report("all", 0, 10, 10, 5)) == ([], [])
-    assert stage2.on_report(state, Report("all", 0, 11, 12, 1)) == ([], [])
-    releases, ledger = stage2.on_report(state, Report("all", 1, 10, 11, 2))
+    assert stage2.on_report(state, Report("all", 0, 10, 10, {"w": 5})) == ([], [])
+    assert stage2.on_report(state, Report("all", 0, 11, 12, {"w": 1})) == ([], [])
+    releases, ledger = stage2.on_report(state, Report("all", 1, 10, 11, {"w": 2}))
     assert [(r["tick"], r["step"], r["value"]) for r in releases] == [(10, 1, 5), (11, 2, 7)]
     assert [e["tick"] for e in ledger] == [10]  # one ledger entry when the statistic starts
     # A re-delivered report changes nothing; the next one closes tick 12.
-    assert stage2.on_report(state, Report("all", 1, 10, 11, 2)) == ([], [])
-    releases, ledger = stage2.on_report(state, Report("all", 1, 12, 12, 4))
+    assert stage2.on_report(state, Report("all", 1, 10, 11, {"w": 2})) == ([], [])
+    releases, ledger = stage2.on_report(state, Report("all", 1, 12, 12, {"w": 4}))
     assert [(r["tick"], r["value"]) for r in releases] == [(12, 12)]  # 1 + 4 more
     assert ledger == []
     release = releases[0]
@@ -129,16 +200,16 @@ def test_stage2_closes_a_tick_only_when_every_partition_reported_it():
 def test_stage2_origin_is_the_earliest_first_tick():
     stage2 = Stage2(config(), ZeroNoise(), partitions=2)
     state = Stage2.new_state()
-    stage2.on_report(state, Report("all", 1, 12, 12, 3))
-    releases, _ = stage2.on_report(state, Report("all", 0, 10, 12, 1))
+    stage2.on_report(state, Report("all", 1, 12, 12, {"w": 3}))
+    releases, _ = stage2.on_report(state, Report("all", 0, 10, 12, {"w": 1}))
     assert [(r["tick"], r["value"]) for r in releases] == [(10, 0), (11, 0), (12, 4)]
 
 
 def test_any_subset_neighbours_double_the_sensitivity():
     whole = Stage2(config(), ZeroNoise(), partitions=1)
     subset = Stage2(config(neighbours="any_subset"), ZeroNoise(), partitions=1)
-    r1, _ = whole.on_report(Stage2.new_state(), Report("all", 0, 1, 1, 0))
-    r2, _ = subset.on_report(Stage2.new_state(), Report("all", 0, 1, 1, 0))
+    r1, _ = whole.on_report(Stage2.new_state(), Report("all", 0, 1, 1, {}))
+    r2, _ = subset.on_report(Stage2.new_state(), Report("all", 0, 1, 1, {}))
     assert r2[0]["std"] > 1.9 * r1[0]["std"]
 
 
