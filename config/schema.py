@@ -79,6 +79,79 @@ class NoiseConfig(_Model):
     key_env: str | None = "DPSTREAM_NOISE_KEY"
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+_SASL = ("SASL_PLAINTEXT", "SASL_SSL")
+_TLS = ("SSL", "SASL_SSL")
+
+
+class KafkaSecurityConfig(_Model):
+    """How every Kafka client connects: Faust (aiokafka), the producer and the consumer
+    tools (confluent-kafka). Mapped by ``pipeline/kafka_security.py``; see docs/security.md.
+
+    No secret is ever written here: the SASL password comes from the environment variable
+    named by ``password_env`` or from ``password_file``, read when a client is built.
+    """
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    username: str | None = Field(None, min_length=1)
+    password_env: str | None = None
+    password_file: Path | None = None
+    ssl_cafile: Path | None = None  # None: the system's trusted CAs
+    ssl_certfile: Path | None = None  # client certificate (mutual TLS), with ssl_keyfile
+    ssl_keyfile: Path | None = None
+    ssl_check_hostname: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secret(cls, data: object) -> object:
+        # Checked before anything else, and the message never repeats the value.
+        if isinstance(data, dict):
+            for name in ("password", "sasl_password", "ssl_password", "ssl_key_password"):
+                if name in data:
+                    raise ValueError(
+                        f"{name}: secrets are never written in the config; "
+                        "use password_env or password_file"
+                    )
+        return data
+
+    @field_validator("password_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError("must be the name of an environment variable")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecurityConfig:
+        proto = self.security_protocol
+        if proto in _SASL:
+            for name in ("sasl_mechanism", "username"):
+                if getattr(self, name) is None:
+                    raise ValueError(f"{name}: required for security_protocol {proto}")
+            if (self.password_env is None) == (self.password_file is None):
+                raise ValueError(
+                    f"password_env: set exactly one of password_env and password_file "
+                    f"for security_protocol {proto}"
+                )
+        else:
+            for name in ("sasl_mechanism", "username", "password_env", "password_file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only applies to SASL_PLAINTEXT and SASL_SSL")
+        if proto not in _TLS:
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name}: only applies to SSL and SASL_SSL")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
+            raise ValueError(f"{missing}: ssl_certfile and ssl_keyfile go together")
+        if proto == "SASL_PLAINTEXT" and self.sasl_mechanism == "PLAIN":
+            log.warning("kafka: SASL PLAIN over SASL_PLAINTEXT sends the password unencrypted")
+        if proto in _TLS and not self.ssl_check_hostname:
+            log.warning("kafka.ssl_check_hostname is false: the broker's name is not verified")
+        return self
+
+
 class Neighbours(StrEnum):
     # Neighbouring streams differ by all events of one user (the paper's constants).
     whole_user = "whole_user"
@@ -235,6 +308,7 @@ class PipelineConfig(_Model):
     ticks: TickConfig = TickConfig()
     outputs: OutputConfig = OutputConfig()
     noise: NoiseConfig = NoiseConfig()
+    kafka: KafkaSecurityConfig = KafkaSecurityConfig()
     privacy: PrivacyConfig
     statistics: list[StatisticConfig] = Field(min_length=1)
 

@@ -11,8 +11,10 @@ from . import (
     round_restart,
     snapping,
     state_codec,
+    svt,
     tree_counter,
     truncation,
+    user_level,
 )
 from .errors import BudgetExceededError, DpStreamError, InvalidOperatorConfig, StateSchemaError
 from .noise import CachedNoise, KeyedNoise, NoiseSource, RecordingNoise, SeededNoise, ZeroNoise
@@ -36,6 +38,8 @@ __all__ = [
     "round_restart",
     "snapping",
     "state_codec",
+    "svt",
     "tree_counter",
     "truncation",
+    "user_level",
 ]

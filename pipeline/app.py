@@ -19,6 +19,7 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
+from .kafka_security import faust_credentials
 from .records import (
     HEADER,
     TICK,
@@ -96,6 +97,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         consumer_auto_offset_reset="earliest",
         producer_linger_ms=5,
         worker_redirect_stdouts=False,
+        # SASL/TLS from the config's kafka: section (None: PLAINTEXT).
+        broker_credentials=faust_credentials(cfg.kafka),
     )
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     input_topic = app.topic(cfg.input.topic, partitions=partitions, **raw)

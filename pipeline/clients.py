@@ -9,8 +9,9 @@ from collections.abc import Iterable, Iterator
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from dpstream.config.schema import PipelineConfig
+from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
+from .kafka_security import confluent_config
 from .records import (
     BATCH,
     HEADER,
@@ -25,7 +26,10 @@ from .records import (
 from .worker_support import limits_for
 
 
-def make_producer(bootstrap: str, **overrides: object) -> Producer:
+def make_producer(
+    bootstrap: str, security: KafkaSecurityConfig | None = None, **overrides: object
+) -> Producer:
+    """The project's producer; ``security`` is the config's ``kafka:`` section (SASL/TLS)."""
     conf = {
         "bootstrap.servers": bootstrap,
         # Java-compatible murmur2, the partitioner Faust/aiokafka use, so a user's events
@@ -36,6 +40,7 @@ def make_producer(bootstrap: str, **overrides: object) -> Producer:
         "enable.idempotence": True,
         "log_level": 0,
     }
+    conf.update(confluent_config(security or KafkaSecurityConfig()))
     conf.update(overrides)
     return Producer(conf)
 
@@ -70,7 +75,7 @@ def produce_events(
     return sent
 
 
-def _consumer(bootstrap: str) -> Consumer:
+def _consumer(bootstrap: str, security: KafkaSecurityConfig | None = None) -> Consumer:
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -78,16 +83,23 @@ def _consumer(bootstrap: str) -> Consumer:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 0,
+            **confluent_config(security or KafkaSecurityConfig()),
         }
     )
 
 
-def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0):
+def read_topic(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    timeout: float = 30.0,
+    security: KafkaSecurityConfig | None = None,
+):
     """Every record of ``topic`` up to its current end, per partition, in offset order.
 
     Returns {partition: [(offset, headers, value)]}.
     """
-    consumer = _consumer(bootstrap)
+    consumer = _consumer(bootstrap, security)
     try:
         starts, ends = {}, {}
         for p in range(partitions):
@@ -120,7 +132,7 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
     grouped into the ticks that closed in every partition, each tick ended by a marker."""
     partitions = cfg.input.partitions
     limits = limits_for(cfg)
-    per_partition = read_topic(bootstrap, cfg.input.topic, partitions)
+    per_partition = read_topic(bootstrap, cfg.input.topic, partitions, security=cfg.kafka)
     ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> accepted events
     firsts, lasts = [], []
     for p in range(partitions):
@@ -156,7 +168,12 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
 
 
 def read_releases(
-    bootstrap: str, topic: str, *, from_beginning: bool = True, group: str | None = None
+    bootstrap: str,
+    topic: str,
+    *,
+    from_beginning: bool = True,
+    group: str | None = None,
+    security: KafkaSecurityConfig | None = None,
 ) -> Consumer:
     consumer = Consumer(
         {
@@ -166,6 +183,7 @@ def read_releases(
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 0,
+            **confluent_config(security or KafkaSecurityConfig()),
         }
     )
     consumer.subscribe([topic])

@@ -13,7 +13,16 @@ from types import ModuleType
 from typing import Any
 
 from dpstream.config.schema import StatisticConfig
-from dpstream.operators import expiring_tree, kary_tree, state_codec, tree_counter
+from dpstream.operators import (
+    deletions,
+    distinct_count,
+    expiring_tree,
+    k_selection,
+    kary_tree,
+    state_codec,
+    tree_counter,
+    user_level,
+)
 from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import TreeRelease
 
@@ -77,3 +86,195 @@ def expiration_curve(counter: Counter, max_age: int = 1 << 20) -> list[dict[str,
         return []
     ages = [1 << i for i in range(max_age.bit_length())]
     return [{"age_ticks": d, "epsilon": counter.privacy_loss(d)} for d in ages]
+
+
+# ---------------------------------------------------------------------------------------
+# User-level statistics (tau: auto): spec 001 Alg. 5 and its sum, histogram and distinct
+# count. Stage 1's report keys (pipeline/stages.py): "<s>b<band>/<bin>" units by rank
+# band, "<s>x<j>" users passing 2^j, "b<band>/<value>" distinct values; s is "+" for
+# insertions and "-" for deletions.
+
+
+def parse_weights(weights: dict[str, int], stream: str) -> tuple[list[list[int]], list[int]]:
+    """``bands[b][r]`` and ``crossings[j]`` of one stream from a merged stage-1 report."""
+    bands: list[list[int]] = []
+    crossings: list[int] = []
+    for key, value in weights.items():
+        if not key.startswith(stream):
+            continue
+        if key[1] == "x":
+            j = int(key[2:])
+            crossings.extend([0] * (j + 1 - len(crossings)))
+            crossings[j] += value
+        else:
+            band, column = (int(x) for x in key[2:].split("/"))
+            while len(bands) <= band:
+                bands.append([])
+            row = bands[band]
+            row.extend([0] * (column + 1 - len(row)))
+            row[column] += value
+    return bands, crossings
+
+
+def distinct_values(weights: dict[str, int]) -> list[list[str]]:
+    """``values_by_band[b]``: the distinct values seen this tick with a rank in band b."""
+    by_band: list[list[str]] = []
+    for key in weights:
+        if key.startswith("b"):
+            band, value = key[1:].split("/", 1)
+            while len(by_band) <= int(band):
+                by_band.append([])
+            by_band[int(band)].append(value)
+    return [sorted(values) for values in by_band]
+
+
+@dataclass(frozen=True)
+class UserLevelCounter:
+    """A tau: auto statistic: its operator module and spec; the state in stage 2's table
+    is the operator state's JSON (plus m(v), the first-occurrence bands, for distinct)."""
+
+    stat: StatisticConfig
+    module: ModuleType
+    spec: Any
+    state_cls: type
+    mechanism: str
+
+    def step(
+        self, state: dict | None, weights: dict[str, int], noise: NoiseSource
+    ) -> tuple[dict, dict[str, Any]]:
+        """Advance one tick; return the new state and the release's fields."""
+        state = dict(state or {})
+        old = state.get("operator")
+        op_state = self.module.init(self.spec) if old is None else self._load(old)
+        bands, crossings = parse_weights(weights, "+")
+        if self.stat.kind == "distinct":
+            min_band = dict(state.get("min_band", {}))
+            updates, units = distinct_count.first_occurrence_units(
+                min_band, distinct_values(weights)
+            )
+            min_band.update(updates)
+            state["min_band"] = min_band
+            op_state, rel = distinct_count.step(self.spec, op_state, units, crossings, noise)
+        elif self.stat.deletions:
+            del_bands, del_crossings = parse_weights(weights, "-")
+            op_state, rel = deletions.step(
+                self.spec, op_state, bands, crossings, del_bands, del_crossings, noise
+            )
+        else:
+            op_state, rel = self.module.step(self.spec, op_state, bands, crossings, noise)
+        state["operator"] = state_codec.to_json(op_state)
+        tracker, instances = self.series_spent(op_state)
+        fields: dict[str, Any] = {"step": rel.t, **self._values(rel)}
+        fields["epsilon_spent"] = float(tracker + instances)
+        return state, fields
+
+    def _load(self, data: dict) -> Any:
+        return state_codec.from_json(self.state_cls, data)
+
+    def _values(self, rel: Any) -> dict[str, Any]:
+        if self.stat.kind == "kselect":
+            return {
+                "value": rel.value,  # 0: no value passes (fewer than k items, privately)
+                "k": rel.k,
+                "margin": rel.margin,
+                "tau": max(rel.taus),
+                "taus": list(rel.taus),
+            }
+        inserts = rel.inserts if self.stat.deletions else rel
+        out: dict[str, Any] = {
+            "tau": inserts.tau,
+            "instance": inserts.instance,
+            "svt_index": inserts.svt_index,
+        }
+        if self.stat.deletions:
+            out["tau_deletions"] = rel.deletes.tau
+        bins = rel.bins
+        if self.stat.kind == "histogram":
+            out["values"] = [b.value for b in bins]
+            out["std"] = [b.std for b in bins]
+            out["intervals"] = [[b.value - b.ci95, b.value + b.ci95] for b in bins]
+            # Post-processing (spec 001 section 2.8): no extra privacy cost.
+            out["max_frequency"] = max(b.value for b in bins)
+        else:
+            out["value"] = bins[0].value
+            out["std"] = bins[0].std
+            out["interval"] = [bins[0].value - bins[0].ci95, bins[0].value + bins[0].ci95]
+        return out
+
+    def series_spent(self, op_state: Any) -> tuple[Fraction, Fraction]:
+        """Exact epsilon committed so far by the tracker series and the instance series,
+        summed over the operator's user-level mechanisms (each below half its budget)."""
+        if self.stat.kind == "kselect":
+            parts = [
+                (level, k_selection.level_state(op_state, i))
+                for i, level in enumerate(self.spec.levels)
+            ]
+        elif self.stat.deletions:
+            parts = [
+                (self.spec.inserts, deletions.side_state(op_state, "ins")),
+                (self.spec.deletes, deletions.side_state(op_state, "del")),
+            ]
+        elif self.stat.kind == "distinct":
+            parts = [(self.spec.mechanism, op_state)]
+        else:
+            parts = [(self.spec, op_state)]
+        tracker = sum(
+            (user_level.tracker_spent_epsilon(sp, st.svt_index) for sp, st in parts), Fraction(0)
+        )
+        instances = sum(
+            (user_level.instance_spent_epsilon(sp, st.instance) for sp, st in parts), Fraction(0)
+        )
+        return tracker, instances
+
+    def ledger(self, state: dict) -> dict[str, float]:
+        tracker, instances = self.series_spent(self._load(state["operator"]))
+        return {"tracker_epsilon": float(tracker), "instances_epsilon": float(instances)}
+
+
+def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevelCounter:
+    """The operator of a tau: auto statistic (spec 001 sections 2.5-2.11)."""
+    eps, beta, theta = (Fraction(repr(x)) for x in (stat.epsilon, stat.beta, stat.theta))
+    options: dict[str, Any] = {
+        "practical": stat.practical,
+        "practical_instances": stat.practical_instances,
+    }
+    kind = stat.kind
+    if kind == "distinct":
+        spec = distinct_count.make_distinct_count(
+            stat.name, eps, beta, theta, any_subset=any_subset, **options
+        )
+        return UserLevelCounter(
+            stat, distinct_count, spec, user_level.UserLevelState, distinct_count.MECHANISM
+        )
+    if kind == "kselect":
+        rank = {"max": {"k": 1}, "median": {"quantile": Fraction(1, 2)}}.get(
+            stat.rank,  # type: ignore[arg-type]
+            {"k": stat.rank},
+        )
+        # Chernoff: the guaranteed bound of S(r)'s actual noise; eq. (3) is far looser.
+        spec = k_selection.make_k_selection(
+            stat.name,
+            stat.bins,
+            eps,
+            beta,
+            theta,
+            delta_mode="chernoff",
+            any_subset=any_subset,
+            **rank,
+            **options,
+        )
+        return UserLevelCounter(
+            stat, k_selection, spec, k_selection.KSelectionState, "k_selection"
+        )
+    bins = stat.bins if kind == "histogram" else 1
+    if stat.deletions:
+        spec = deletions.make_deletions(
+            stat.name, kind, eps, beta, theta, bins=bins, any_subset=any_subset, **options
+        )
+        return UserLevelCounter(
+            stat, deletions, spec, deletions.DeletionsState, deletions.MECHANISM
+        )
+    spec = user_level.make_user_level(
+        stat.name, eps, beta, theta, bins=bins, multiplier=2 if any_subset else 1, **options
+    )
+    return UserLevelCounter(stat, user_level, spec, user_level.UserLevelState, user_level.MECHANISM)

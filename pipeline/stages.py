@@ -19,9 +19,14 @@ from datetime import UTC, datetime
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import truncation
 from dpstream.operators.noise import CachedNoise, NoiseSource
-from dpstream.operators.release import TreeRelease
 
-from .mechanisms import counter_for, expiration_curve
+from .mechanisms import (
+    Counter,
+    UserLevelCounter,
+    counter_for,
+    expiration_curve,
+    user_level_counter_for,
+)
 from .records import Event
 
 log = logging.getLogger(__name__)
@@ -196,7 +201,12 @@ class Stage2:
         self._partitions = partitions
         self._stats = {s.name: s for s in cfg.statistics}
         factor = 2 if cfg.privacy.neighbours is Neighbours.any_subset else 1
-        self._counters = {s.name: counter_for(s, factor * s.tau) for s in cfg.statistics}
+        self._counters: dict[str, Counter | UserLevelCounter] = {
+            s.name: user_level_counter_for(s, factor == 2)
+            if s.user_level
+            else counter_for(s, factor * s.fixed_tau)
+            for s in cfg.statistics
+        }
 
     @staticmethod
     def new_state() -> dict:
@@ -228,40 +238,69 @@ class Stage2:
             if sstate["last_closed"] is None:
                 ledger.append(self._ledger_entry(report.statistic, tick))
             weights = sstate["pending"].pop(str(tick), {})
-            releases.append(self._advance(sstate, report.statistic, tick, weights))
+            release, entries = self._advance(sstate, report.statistic, tick, weights)
+            releases.append(release)
+            ledger.extend(entries)
             sstate["last_closed"] = tick
         return releases, ledger
 
-    def _advance(self, sstate: dict, name: str, tick: int, weights: dict[str, int]) -> dict:
-        weight = weights.get("w", 0)
-        sstate["tree"], rel = self._counters[name].step(sstate["tree"], weight, self._noise)
-        return self._release_record(self._stats[name], tick, rel)
+    def _advance(
+        self, sstate: dict, name: str, tick: int, weights: dict[str, int]
+    ) -> tuple[dict, list[dict]]:
+        counter, stat = self._counters[name], self._stats[name]
+        if isinstance(counter, UserLevelCounter):
+            before = counter.ledger(sstate["tree"]) if sstate["tree"] else None
+            sstate["tree"], fields = counter.step(sstate["tree"], weights, self._noise)
+            after = counter.ledger(sstate["tree"])
+            entries = [] if after == before else [self._spent_entry(stat, tick, fields, after)]
+            return self._release_record(stat, tick, fields), entries
+        sstate["tree"], rel = counter.step(sstate["tree"], weights.get("w", 0), self._noise)
+        fields = {
+            "step": rel.t,
+            "value": rel.value,
+            "std": rel.std,
+            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            "tau": stat.tau,
+        }
+        return self._release_record(stat, tick, fields), []
 
     def _tick_end(self, tick: int) -> float:
         return (tick + 1) * self._cfg.ticks.interval_seconds
 
-    def _release_record(self, stat: StatisticConfig, tick: int, rel: TreeRelease) -> dict:
+    def _release_record(self, stat: StatisticConfig, tick: int, fields: dict) -> dict:
         end = self._tick_end(tick)
         record = {
             "schema_version": SCHEMA_VERSION,
             "statistic": stat.name,
             "kind": stat.kind,
             "tick": tick,
-            "step": rel.t,
             "tick_end": datetime.fromtimestamp(end, UTC).isoformat(),
             "tick_end_unix": end,
-            "value": rel.value,
-            "std": rel.std,
-            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            **fields,
             "confidence": 0.95,
             "epsilon": stat.epsilon,
-            "tau": stat.tau,
             "neighbours": self._cfg.privacy.neighbours.value,
             "mechanism": self._counters[stat.name].mechanism,
         }
         if self._cfg.noise.mode.value != "keyed":
             record["insecure"] = self._cfg.noise.mode.value
         return record
+
+    def _spent_entry(self, stat: StatisticConfig, tick: int, fields: dict, spent: dict) -> dict:
+        """The accountant: what the tracker and instance series have committed so far."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "statistic": stat.name,
+            "tick": tick,
+            "event": "budget",
+            **spent,
+            "epsilon_spent": spent["tracker_epsilon"] + spent["instances_epsilon"],
+            "epsilon": stat.epsilon,
+            "tau": fields["tau"],
+            "svt_index": fields.get("svt_index"),
+            "instance": fields.get("instance"),
+            "total_epsilon": self._cfg.privacy.total_epsilon,
+        }
 
     def _ledger_entry(self, name: str, tick: int) -> dict:
         stat = self._stats[name]
@@ -278,6 +317,12 @@ class Stage2:
             "note": "whole infinite stream (parallel composition over periods)",
             "total_epsilon": self._cfg.privacy.total_epsilon,
         }
+        if isinstance(counter, UserLevelCounter):
+            entry["note"] = (
+                "spec 001 Alg. 5 over the whole infinite stream: tracker series below "
+                "epsilon/2, instance series below epsilon/2; budget entries follow"
+            )
+            return entry
         curve = expiration_curve(counter)
         if curve:
             entry["note"] = "loss of an item decays with its age (spec 004); see expiration"

@@ -270,3 +270,101 @@ def test_replay_error_bars_are_public(tau):
     half_a = [r["interval"][1] - r["value"] for r in a]
     assert half_a == pytest.approx([r["interval"][1] - r["value"] for r in b], rel=1e-12)
     assert [r["value"] for r in a] != [r["value"] for r in b]
+
+
+def user_level_config(**stat):
+    """A tau: auto statistic whose tracker, with zero noise and a huge epsilon, moves as
+    soon as one user exceeds tau (discount < 1): its releases are then exact."""
+    return parse_config(
+        {
+            "input": {"partitions": 1},
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 4000},
+            "statistics": [{"name": "s", "epsilon": 4000, "practical": False, **stat}],
+        }
+    )
+
+
+def _releases(cfg, *items):
+    return list(replay(cfg, _log(*items), ZeroNoise()))
+
+
+def test_user_level_count_tracks_tau_and_releases_the_exact_count():
+    out = _releases(
+        user_level_config(),
+        *[{"user_id": "a"}] * 5,
+        {"user_id": "b"},
+        {"tick": 1},
+        {"tick": 2},
+        *[{"user_id": "a"}] * 4,
+        {"tick": 3},
+    )
+    assert [(r["tick"], r["value"], r["tau"]) for r in out] == [(1, 6, 8), (2, 6, 8), (3, 10, 16)]
+    assert [r["instance"] for r in out] == [1, 1, 2]  # one instance per tau change
+    assert all(r["mechanism"] == "user_level" and r["step"] == r["tick"] for r in out)
+
+
+def test_user_level_sum_histogram_distinct_and_deletions():
+    summed = _releases(
+        user_level_config(kind="sum", max_value=10),
+        {"user_id": "a", "value": 3},
+        {"user_id": "b", "value": 5},
+        {"user_id": "a", "value": 4},
+        {"tick": 1},
+    )
+    assert [(r["value"], r["tau"]) for r in summed] == [(12, 8)]
+    hist = _releases(
+        user_level_config(kind="histogram", bins=4),
+        *[{"user_id": u, "value": v} for u, v in [("a", 1), ("a", 1), ("b", 4), ("c", 1)]],
+        {"tick": 1},
+    )
+    assert hist[0]["values"] == [3, 0, 0, 1] and hist[0]["max_frequency"] == 3
+    distinct = _releases(
+        user_level_config(kind="distinct"),
+        *[{"user_id": u, "value": v} for u, v in [("a", 5), ("a", 7), ("b", 5), ("b", 9.5)]],
+        {"tick": 1},
+        {"user_id": "c", "value": 7},
+        {"tick": 2},
+    )
+    assert [r["value"] for r in distinct] == [3, 3]
+    deleted = _releases(
+        user_level_config(deletions=True),
+        *[{"user_id": "a"}] * 3,
+        {"user_id": "a", "op": "delete"},
+        {"tick": 1},
+        {"user_id": "b", "op": "delete"},
+        {"tick": 2},
+    )
+    assert [(r["value"], r["tau"], r["tau_deletions"]) for r in deleted] == [(2, 4, 2), (1, 4, 2)]
+
+
+def test_user_level_ledger_reports_both_series_below_epsilon():
+    cfg = user_level_config()
+    stage1, stage2 = Stage1(cfg), Stage2(cfg, ZeroNoise(), partitions=1)
+    pstate, users, sstate = Stage1.new_partition_state(), {}, Stage2.new_state()
+    entries = []
+    for tick, n in enumerate([1, 3, 3, 20, 0], start=1):
+        _apply(stage1, pstate, users, [Event("a", None, None)] * n, offset=tick)
+        for report in stage1.close_tick(pstate, 0, tick):
+            entries += stage2.on_report(sstate, report)[1]
+    budget = [e for e in entries if e.get("event") == "budget"]
+    assert [e["tau"] for e in budget] == [2, 4, 8, 32]  # an entry per change, none at tick 5
+    for e in budget:
+        assert e["tracker_epsilon"] < 2000 and e["instances_epsilon"] < 2000
+        assert e["epsilon_spent"] == e["tracker_epsilon"] + e["instances_epsilon"] < 4000
+    spent = [e["epsilon_spent"] for e in budget]
+    assert spent == sorted(spent)
+
+
+def test_user_level_k_selection_max_and_median():
+    """Spec 001 Ex. G's items with zero noise. The threshold k + Delta uses the Chernoff
+    bound of the (here tiny) noise, 0 < Delta < 1, so the released r is the largest with
+    at least k + 1 items in [r, R]: one-way, never above the true k-th value."""
+    items = [("a", 7), ("b", 3), ("c", 5), ("a", 4), ("d", 1)]
+    events = [{"user_id": u, "value": v} for u, v in items]
+    expected = {"max": (5, 1), "median": (3, 3), 2: (4, 2)}  # k = ceil(5 / 2) for median
+    for rank, (value, k) in expected.items():
+        cfg = user_level_config(kind="kselect", bins=8, rank=rank)
+        (release,) = _releases(cfg, *events, {"tick": 1})
+        assert (release["value"], release["k"]) == (value, k), rank
+        assert 0 < release["margin"] < 1 and release["mechanism"] == "k_selection"

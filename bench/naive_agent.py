@@ -1,0 +1,100 @@
+"""The naive peer: a plain Faust agent that only parses and counts.
+
+Run by ``bench/throughput.py`` in a subprocess of its own:
+
+    python -m bench.naive_agent --bootstrap B --topic T --partitions P --expect N --result F
+
+Same Faust version, transport (aiokafka), app settings and raw serializers as dpstream's
+worker (``pipeline/app.py``), one agent on the input topic: per record it reads the
+``dpstream`` header, skips tick markers, ``orjson.loads`` the value and counts its events
+(an envelope's array length). No tables, no outputs. When ``N`` events have been counted
+it writes ``{"events", "records", "seconds", "cpu_seconds"}`` to ``F`` (``seconds`` from
+the first record the agent saw to the N-th event; ``cpu_seconds`` the process's CPU time,
+all threads, over the same span) and keeps running until the harness stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dpstream.pipeline.records import BATCH, TICK, header_kind  # noqa: E402
+
+
+def build_app(bootstrap: str, topic_name: str, partitions: int, expect: int, result: Path):
+    import faust
+
+    from dpstream.pipeline.app import broker_urls
+
+    app = faust.App(
+        f"bench-naive-{time.time_ns()}",
+        broker=broker_urls(bootstrap),
+        store="memory://",
+        datadir=tempfile.mkdtemp(prefix="bench-naive-"),
+        web_enabled=False,
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        producer_linger_ms=5,
+        worker_redirect_stdouts=False,
+    )
+    topic = app.topic(
+        topic_name, partitions=partitions, key_serializer="raw", value_serializer="raw"
+    )
+    state = {"events": 0, "records": 0, "first": None, "cpu0": 0.0, "done": False}
+
+    @app.agent(topic, name="naive")
+    async def count(stream):
+        async for event in stream.events():
+            if state["first"] is None:
+                state["first"] = time.perf_counter()
+                state["cpu0"] = time.process_time()
+            kind = header_kind(event.message.headers)
+            if kind == TICK:
+                continue
+            obj = orjson.loads(event.value)
+            state["events"] += len(obj) if kind == BATCH else 1
+            state["records"] += 1
+            if state["events"] >= expect and not state["done"]:
+                state["done"] = True
+                out = {
+                    "events": state["events"],
+                    "records": state["records"],
+                    "seconds": time.perf_counter() - state["first"],
+                    "cpu_seconds": time.process_time() - state["cpu0"],
+                }
+                tmp = result.with_suffix(".tmp")
+                tmp.write_bytes(orjson.dumps(out))
+                tmp.rename(result)
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--partitions", type=int, required=True)
+    parser.add_argument("--expect", type=int, required=True, help="events to count")
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--loglevel", default="warning")
+    args = parser.parse_args(argv)
+    import faust
+
+    app = build_app(args.bootstrap, args.topic, args.partitions, args.expect, args.result)
+    worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

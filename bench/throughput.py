@@ -1,0 +1,1210 @@
+"""dpstream against a real Kafka broker: throughput, release latency, memory (issue 7).
+
+One command measures, in one run and on the same pre-produced topics:
+
+  a. the ceiling: a plain consumer (aiokafka, and confluent-kafka) reading and parsing;
+  b. the naive peer: a plain Faust agent that only parses and counts;
+  c. the dpstream pipeline end to end (stage 1 + stage 2 + releases), on single-event
+     records and on batch envelopes;
+  d. release latency (release time minus tick end) while events arrive at a fixed rate;
+  e. the worker's peak RSS, its growth per user, and the bytes of state per user and per
+     tree;
+
+prints a table (events/s and each contender's ratio to the aiokafka ceiling of the same
+run) and writes docs/benchmarks.md. ``--profile`` adds py-spy profiles of the worker.
+
+    .venv/bin/python -m bench.throughput            # full: 3 runs, ~12 minutes
+    .venv/bin/python -m bench.throughput --quick    # 1 run, small sizes, ~2 minutes
+
+The broker is ``KAFKA_BOOTSTRAP_SERVERS`` if set, else one started for the run
+(``pipeline/broker.py``). Definitions are in the document this writes ("How it is
+measured"); this is a benchmark: nothing in the test suite asserts on its timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import yaml
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    fmt_bytes,
+    fmt_rate,
+    linear_fit,
+    loadavg,
+    machine,
+    median,
+    percentile,
+    proc_cpu_seconds,
+    proc_status,
+    spread,
+)
+from dpstream.config.schema import PipelineConfig, parse_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY_ENV = "DPSTREAM_BENCH_KEY"
+CONTENDERS = ("aiokafka", "confluent", "faust-naive", "dpstream")
+LABELS = {
+    "aiokafka": "aiokafka consumer + orjson (ceiling)",
+    "confluent": "confluent-kafka consumer + orjson",
+    "faust-naive": "naive Faust agent (parse + count)",
+    "dpstream": "dpstream pipeline (stage 1 + 2 + releases)",
+}
+PRODUCER_QUEUE = {
+    "queue.buffering.max.messages": 2_000_000,
+    "queue.buffering.max.kbytes": 2_000_000,
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def shape_name(batch: int) -> str:
+    return "single-event records" if batch <= 1 else f"envelopes of {batch}"
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def base_config(path: Path | None) -> dict:
+    if path is not None:
+        return yaml.safe_load(path.read_text())
+    text = importlib.resources.files("dpstream.config").joinpath("demo.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def run_config(base: dict, tag: str, topic: str | None, tick: float, partitions: int) -> dict:
+    """``base`` with its own app id and output topics (so runs never share state), the
+    given input topic (shared by the contenders of a dataset), and a keyed noise source
+    whose key is in ``$DPSTREAM_BENCH_KEY``."""
+    run = f"{tag}-{uuid.uuid4().hex[:6]}"
+    data = dict(base)
+    data["app_id"] = f"bench-{run}"
+    data["input"] = {**base.get("input", {}), "topic": topic or f"bench-{run}.events"}
+    data["input"]["partitions"] = partitions
+    data["ticks"] = {**base.get("ticks", {}), "interval_seconds": tick}
+    data["outputs"] = {
+        "release_topic_prefix": f"bench-{run}.dp.",
+        "dead_letter_topic": f"bench-{run}.dead-letter",
+        "ledger_topic": f"bench-{run}.ledger",
+    }
+    data["noise"] = {"mode": "keyed", "key_env": KEY_ENV}
+    return data
+
+
+def write_config(data: dict, workdir: Path) -> tuple[PipelineConfig, Path]:
+    cfg = parse_config(data, "benchmark config")
+    path = workdir / f"{cfg.app_id}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return cfg, path
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+@dataclass
+class Dataset:
+    batch: int
+    topic: str
+    partitions: int
+    events: int
+    records: int
+    ends: dict[int, int]
+    t0: int
+    t1: int
+    produce_seconds: float
+
+
+def synthetic(users: int, count: int, seed: int) -> Iterator[dict]:
+    from dpstream.pipeline.synthetic import synthetic_events
+
+    return synthetic_events(users, count, seed=seed)
+
+
+def round_robin(users: int, per_user: int) -> Iterator[dict]:
+    """Every user ``per_user`` times, keys alternating view/click (memory runs)."""
+    for j in range(per_user):
+        for u in range(users):
+            yield {"user_id": f"user-{u:07d}", "key": "click" if (u + j) % 2 else "view"}
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-offsets", "log_level": 0})
+    try:
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        }
+    finally:
+        c.close()
+
+
+def preproduce(bootstrap: str, cfg: PipelineConfig, events: Iterator[dict], batch: int) -> Dataset:
+    """Write ``[tick T0][events][tick T1]`` into every partition of the input topic.
+
+    The events go through ``clients.produce_events`` (dpstream's producer: keyed by user
+    for single events, grouped by partition into envelopes otherwise). T0 and T1 are
+    ordinary tick markers of two consecutive, already ended ticks, so for the pipeline all
+    events belong to tick T1 and the release of T1 marks the end of the log.
+    """
+    from dpstream.pipeline.clients import make_producer, produce_events
+    from dpstream.pipeline.records import HEADER, TICK, encode_tick
+    from dpstream.pipeline.topics import ensure_topics
+
+    ensure_topics(cfg, bootstrap)
+    topic, partitions = cfg.input.topic, cfg.input.partitions
+    interval = cfg.ticks.interval_seconds
+    t0 = math.floor(time.time() / interval) - 3
+    producer = make_producer(bootstrap, **PRODUCER_QUEUE)
+
+    def markers(tick: int) -> None:
+        for p in range(partitions):
+            producer.produce(topic, value=encode_tick(tick), partition=p, headers=[(HEADER, TICK)])
+        producer.flush(60)
+
+    markers(t0)
+    started = time.perf_counter()
+    sent = produce_events(producer, cfg, events, batch=batch)
+    if producer.flush(300):
+        raise RuntimeError("pre-producing: messages still queued after 300 s")
+    seconds = time.perf_counter() - started
+    markers(t0 + 1)
+    ends = end_offsets(bootstrap, topic, partitions)
+    return Dataset(
+        batch=batch,
+        topic=topic,
+        partitions=partitions,
+        events=sent,
+        records=sum(ends.values()) - 2 * partitions,
+        ends=ends,
+        t0=t0,
+        t1=t0 + 1,
+        produce_seconds=seconds,
+    )
+
+
+# --------------------------------------------------------------------------- watching a worker
+
+
+class Watcher:
+    """Reads a pipeline's release topics and its stage-2 topic from the start.
+
+    Timestamps are the records' CreateTime (set by the worker's producer when it sent
+    them), so they do not depend on how fast this process polls.
+    """
+
+    def __init__(self, bootstrap: str, cfg: PipelineConfig) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.cfg = cfg
+        self.stats = [s.name for s in cfg.statistics]
+        self.release_topics = {cfg.release_topic(s): s for s in self.stats}
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-watch-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
+        tps = [TopicPartition(t, 0, 0) for t in self.release_topics]
+        tps += [TopicPartition(cfg.stage2_topic, p, 0) for p in range(cfg.input.partitions)]
+        self.consumer.assign(tps)
+        # statistic -> tick -> (CreateTime in s, seen at in s)
+        self.releases: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+        # tick -> [CreateTime in s] of stage-1 reports that end at that tick
+        self.reports: dict[int, list[float]] = defaultdict(list)
+        self.on_report: Callable[[int], None] | None = None
+
+    def poll(self, timeout: float) -> None:
+        for msg in self.consumer.consume(num_messages=10_000, timeout=timeout):
+            if msg.error():
+                continue
+            obj = orjson.loads(msg.value())
+            ts = msg.timestamp()[1] / 1000
+            if msg.topic() in self.release_topics:
+                self.releases[obj["statistic"]][obj["tick"]] = (ts, time.time())
+            else:
+                self.reports[obj["tick"]].append(ts)
+                if self.on_report is not None:
+                    self.on_report(obj["tick"])
+
+    def released(self, tick: int) -> bool:
+        return all(tick in self.releases[s] for s in self.stats)
+
+    def any_release(self) -> bool:
+        return any(self.releases[s] for s in self.stats)
+
+    def wait(
+        self, done: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen, logf
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the worker exited while waiting for {what}:\n{tail(logf)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} within {timeout:.0f} s; worker log:\n{tail(logf)}")
+            self.poll(0.05)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def py_spy() -> str | None:
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    from dpstream.pipeline.worker_support import stop_worker
+
+    stop_worker(proc, timeout)
+
+
+# --------------------------------------------------------------------------- contenders
+
+
+def run_ceiling(client: str, bootstrap: str, ds: Dataset) -> dict:
+    ends = orjson.dumps({str(p): e for p, e in ds.ends.items()}).decode()
+    cmd = [sys.executable, "-m", "bench.ceiling", client, "--bootstrap", bootstrap]
+    cmd += ["--topic", ds.topic, "--ends", ends]
+    out = subprocess.run(  # noqa: S603 - fixed argument list
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{client} ceiling failed:\n{out.stderr[-3000:]}")
+    res = orjson.loads(out.stdout.strip().splitlines()[-1])
+    if res["events"] != ds.events:
+        raise RuntimeError(f"{client} read {res['events']} events, expected {ds.events}")
+    return res
+
+
+def run_naive(bootstrap: str, ds: Dataset, workdir: Path) -> dict:
+    result = workdir / f"naive-{uuid.uuid4().hex[:8]}.json"
+    logf = result.with_suffix(".log")
+    cmd = [sys.executable, "-m", "bench.naive_agent", "--bootstrap", bootstrap]
+    cmd += ["--topic", ds.topic, "--partitions", str(ds.partitions)]
+    cmd += ["--expect", str(ds.events), "--result", str(result)]
+    with open(logf, "wb") as fh:
+        proc = subprocess.Popen(  # noqa: S603 - fixed argument list
+            cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 900
+        while not result.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"naive Faust agent exited:\n{tail(logf)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"naive Faust agent did not finish:\n{tail(logf)}")
+            time.sleep(0.05)
+        res = orjson.loads(result.read_bytes())
+        res["peak_rss"] = proc_status(proc.pid).get("VmHWM")
+        return res
+    finally:
+        stop(proc)
+
+
+def run_pipeline(
+    bootstrap: str,
+    base: dict,
+    ds: Dataset,
+    workdir: Path,
+    tick: float,
+    env: dict[str, str],
+    profile: Path | None = None,
+    profile_rate: int = 100,
+) -> dict:
+    """Spawn a dpstream worker on the dataset's topic; time it from the first stage-1
+    report of tick T0 to the last release of tick T1."""
+    from dpstream.pipeline.worker_support import spawn_worker
+
+    cfg, path = write_config(run_config(base, "p", ds.topic, tick, ds.partitions), workdir)
+    from dpstream.pipeline.topics import ensure_topics
+
+    ensure_topics(cfg, bootstrap)
+    watcher = Watcher(bootstrap, cfg)
+    logf = workdir / f"{cfg.app_id}.log"
+    spawned = time.time()
+    proc = spawn_worker(path, bootstrap, logf, env=env, loglevel="warning")
+    marks: dict[str, float] = {}
+    spy: subprocess.Popen | None = None
+
+    def on_report(report_tick: int) -> None:
+        nonlocal spy
+        if report_tick == ds.t0 and "cpu0" not in marks:
+            marks["cpu0"] = proc_cpu_seconds(proc.pid) or math.nan
+            marks["wall0"] = time.time()
+            if profile is not None:
+                cmd = [py_spy() or "py-spy", "record", "--pid", str(proc.pid), "--threads"]
+                cmd += ["--idle", "-f", "raw", "-r", str(profile_rate), "-o", str(profile)]
+                spy = subprocess.Popen(  # noqa: S603 - fixed argument list
+                    cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+
+    watcher.on_report = on_report
+    try:
+        watcher.wait(lambda: ds.t0 in watcher.reports, 180, "stage-1 report of T0", proc, logf)
+        watcher.wait(lambda: watcher.released(ds.t1), 1800, "release of T1", proc, logf)
+        cpu1, wall1 = proc_cpu_seconds(proc.pid) or math.nan, time.time()
+        mem = proc_status(proc.pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+    finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+        stop(proc)
+        watcher.close()
+    start = min(watcher.reports[ds.t0])
+    end = max(watcher.releases[s][ds.t1][0] for s in watcher.stats)
+    dead = sum(end_offsets(bootstrap, cfg.outputs.dead_letter_topic, 1).values())
+    seconds = end - start
+    return {
+        "events": ds.events,
+        "records": ds.records,
+        "seconds": seconds,
+        "cpu_seconds": cpu1 - marks["cpu0"],
+        "cpu_wall_seconds": wall1 - marks["wall0"],
+        "startup_seconds": start - spawned,
+        "peak_rss": mem.get("VmHWM"),
+        "rss": mem.get("VmRSS"),
+        "dead_letters": dead,
+    }
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def run_latency(
+    bootstrap: str,
+    base: dict,
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    batch: int,
+    rate: float,
+    seconds: float,
+    tick: float,
+    users: int,
+    partitions: int,
+    seed: int,
+    wait: float,
+) -> dict:
+    """Produce ``rate`` events/s for ``seconds`` to a running worker; for every tick that
+    lies wholly inside the production window, latency = release CreateTime - tick end.
+    Waits at most ``wait`` s after production for the last of those ticks."""
+    from dpstream.pipeline.clients import make_producer, produce_events
+    from dpstream.pipeline.topics import ensure_topics
+    from dpstream.pipeline.worker_support import spawn_worker
+
+    cfg, path = write_config(run_config(base, "l", None, tick, partitions), workdir)
+    ensure_topics(cfg, bootstrap)
+    watcher = Watcher(bootstrap, cfg)
+    logf = workdir / f"{cfg.app_id}.log"
+    proc = spawn_worker(path, bootstrap, logf, env=env, loglevel="warning")
+    producer = make_producer(bootstrap, **PRODUCER_QUEUE)
+    total = int(rate * seconds)
+    events = list(synthetic(users, total, seed))
+    step = 0.05  # produce every 50 ms what is due: envelopes hold <= rate*step/partitions
+    try:
+        watcher.wait(watcher.any_release, 180, "a first release", proc, logf)
+        cpu0 = proc_cpu_seconds(proc.pid) or math.nan
+        start = time.time()
+        sent = 0
+        while sent < total:
+            due = min(total, int((time.time() - start) * rate)) - sent
+            if due > 0:
+                sent += produce_events(producer, cfg, events[sent : sent + due], batch=batch)
+            producer.poll(0)
+            watcher.poll(0)
+            elapsed = time.time() - start
+            time.sleep(max(0.0, (math.floor(elapsed / step) + 1) * step - elapsed))
+        producer.flush(60)
+        end = time.time()
+        first, last = math.ceil(start / tick), math.floor(end / tick) - 1
+        released_all = True
+        try:
+            watcher.wait(lambda: watcher.released(last), wait, "the last releases", proc, logf)
+        except TimeoutError:
+            released_all = False
+        cpu1 = proc_cpu_seconds(proc.pid) or math.nan
+        wall1 = time.time()
+        mem = proc_status(proc.pid)
+    finally:
+        stop(proc)
+        watcher.close()
+    # Latency of every (statistic, tick); one not released by wall1 counts with the lower
+    # bound wall1 - tick end (censored). Per tick: its slowest statistic.
+    lat, per_tick, censored = [], [], 0
+    for t in range(first, last + 1):
+        got = [watcher.releases[s].get(t) for s in watcher.stats]
+        row = [(g[0] if g else wall1) - (t + 1) * tick for g in got]
+        censored += not all(got)
+        lat += row
+        per_tick.append(max(row))
+    third = max(1, len(per_tick) // 3)
+    growth = median(per_tick[-third:]) - median(per_tick[:third]) if per_tick else math.nan
+    return {
+        "batch": batch,
+        "rate": rate,
+        "achieved_rate": total / (end - start),
+        "ticks": last - first + 1,
+        "samples": len(lat),
+        "censored_ticks": censored,
+        "growth": growth,
+        "kept_up": released_all and censored == 0 and growth < tick,
+        "p50": percentile(lat, 50),
+        "p99": percentile(lat, 99),
+        "max": max(lat) if lat else math.nan,
+        "cpu_share": (cpu1 - cpu0) / (wall1 - start),
+        "peak_rss": mem.get("VmHWM"),
+    }
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def run_memory(
+    bootstrap: str,
+    base: dict,
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    users: int,
+    per_user: int,
+    batch: int,
+    tick: float,
+    partitions: int,
+) -> dict:
+    cfg, _ = write_config(run_config(base, "m", None, tick, partitions), workdir)
+    ds = preproduce(bootstrap, cfg, round_robin(users, per_user), batch)
+    res = run_pipeline(bootstrap, base, ds, workdir, tick, env)
+    return {"users": users, **res}
+
+
+def deep_size(obj: object, seen: set[int] | None = None) -> int:
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        size += sum(deep_size(x, seen) for x in obj)
+    elif hasattr(obj, "__slots__"):
+        size += sum(deep_size(getattr(obj, a), seen) for a in obj.__slots__ if hasattr(obj, a))
+    elif hasattr(obj, "__dict__"):
+        size += deep_size(vars(obj), seen)
+    return size
+
+
+def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]) -> dict:
+    """Bytes of state per user (stage 1) and per statistic (stage 2), in process.
+
+    Drives ``Stage1`` / ``Stage2`` the way ``pipeline/replay.py`` does (envelopes decoded by
+    ``records.decode_events``, reports from ``Stage1.close_tick``), with plain dicts where
+    the worker has Faust tables (the memory store keeps table values as these same Python
+    objects). Per user: tracemalloc growth of the ``users`` mapping after
+    ``users * per_user`` events, and the mean changelog record (orjson key + value). Per
+    statistic: its stage-2 state after t ticks (one event per tick), as orjson (the
+    changelog record) and as Python objects, plus the keyed-noise cache.
+    """
+    from dpstream.operators.noise import KeyedNoise
+    from dpstream.pipeline.records import BATCH, decode_events
+    from dpstream.pipeline.stages import Stage1, Stage2
+    from dpstream.pipeline.worker_support import limits_for
+
+    cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
+    limits = limits_for(cfg)
+    stage1 = Stage1(cfg)
+    pstate = Stage1.new_partition_state()
+    table: dict[str, dict] = {}
+
+    def feed(envelope: list[dict], offset: int) -> None:
+        events, bad = decode_events(orjson.dumps(envelope), BATCH, limits)
+        assert not bad, bad
+        stage1.add_events(pstate, table, events, offset)
+        pstate["last_offset"] = offset
+
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    offset, chunk = 0, []
+    for e in round_robin(users, per_user):
+        chunk.append(e)
+        if len(chunk) == 100:
+            feed(chunk, offset)
+            chunk, offset = [], offset + 1
+    if chunk:
+        feed(chunk, offset)
+    chunk = []
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    changelog = sum(len(orjson.dumps(k)) + len(orjson.dumps(v)) for k, v in table.items())
+    example = next(iter(table.items()))
+    del table
+
+    trees, caches = [], []
+    for t_max in tree_ticks:
+        stage1, table = Stage1(cfg), {}
+        pstate = Stage1.new_partition_state()
+        stage2 = Stage2(cfg, KeyedNoise(bytes(32)), partitions=1)
+        sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
+        for t in range(1, t_max + 1):
+            feed([{"user_id": f"user-{t % 1000}", "key": "click"}], t)
+            for report in stage1.close_tick(pstate, 0, t):
+                stage2.on_report(sstates[report.statistic], report)
+        cache = getattr(stage2._noise, "_cache", {})  # measuring it, not using it
+        caches.append(
+            {
+                "ticks": t_max,
+                "entries": len(cache),
+                "bytes": deep_size(cache),
+                "max": getattr(stage2._noise, "maxsize", 0),
+            }
+        )
+        for stat in cfg.statistics:
+            sstate = sstates[stat.name]
+            trees.append(
+                {
+                    "statistic": stat.name,
+                    "mechanism": stat.mechanism,
+                    "ticks": t_max,
+                    "json_bytes": len(orjson.dumps(sstate)),
+                    "python_bytes": deep_size(sstate),
+                    "tree_json_bytes": len(orjson.dumps(sstate.get("tree"))),
+                }
+            )
+    return {
+        "users": users,
+        "per_user": per_user,
+        "python_bytes_per_user": grown / users,
+        "changelog_bytes_per_user": changelog / users,
+        "example_entry": orjson.dumps({example[0]: example[1]}).decode(),
+        "trees": trees,
+        "noise_cache": caches,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class Results:
+    args: argparse.Namespace
+    info: dict
+    kafka: str
+    load_start: str
+    load_end: str = ""
+    datasets: dict[int, Dataset] = field(default_factory=dict)
+    runs: list[dict] = field(default_factory=list)  # {run, batch, contender, ...}
+    latency: list[dict] = field(default_factory=list)
+    memory: list[dict] = field(default_factory=list)
+    constants: dict | None = None
+    profiles: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall: float = 0.0
+
+    def rows(self, batch: int, contender: str) -> list[dict]:
+        return [r for r in self.runs if r["batch"] == batch and r["contender"] == contender]
+
+    def ratio(self, batch: int, contender: str, reference: str = "aiokafka") -> list[float]:
+        """Per run: contender events/s over reference events/s in the same run."""
+        ref = {r["run"]: r["rate"] for r in self.rows(batch, reference)}
+        return [r["rate"] / ref[r["run"]] for r in self.rows(batch, contender) if r["run"] in ref]
+
+
+def throughput_table(res: Results) -> str:
+    lines = [
+        "| input | contender | events | events/s (median) | spread (min-max) | runs "
+        "| ratio to aiokafka (median) | CPU µs/event | peak RSS |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for batch, ds in res.datasets.items():
+        for contender in res.args.contenders:
+            rows = res.rows(batch, contender)
+            if not rows:
+                continue
+            rates = [r["rate"] for r in rows]
+            lo, hi = spread(rates)
+            ratio = median(res.ratio(batch, contender))
+            cpu = median(1e6 * r["cpu_seconds"] / r["events"] for r in rows)
+            rss = median(r.get("peak_rss") or math.nan for r in rows)
+            lines.append(
+                f"| {shape_name(batch)} | {LABELS[contender]} | {ds.events:,} "
+                f"| {fmt_rate(median(rates))} | {fmt_rate(lo)}-{fmt_rate(hi)} | {len(rows)} "
+                f"| {ratio:.3f} | {cpu:.1f} | {fmt_bytes(rss)} |"
+            )
+    return "\n".join(lines)
+
+
+def latency_table(res: Results) -> str:
+    lines = [
+        "| input | target rate | achieved | ticks | samples | p50 s | p99 s | max s "
+        "| p99 / tick | growth s | kept up | worker CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    tick = res.args.tick
+    for r in res.latency:
+        kept = "yes" if r["kept_up"] else "NO"
+        if r["censored_ticks"]:
+            kept += f" ({r['censored_ticks']} ticks unreleased: lower bounds)"
+        lines.append(
+            f"| {shape_name(r['batch'])} | {fmt_rate(r['rate'])}/s "
+            f"| {fmt_rate(r['achieved_rate'])}/s | {r['ticks']} | {r['samples']} "
+            f"| {r['p50']:.3f} | {r['p99']:.3f} | {r['max']:.3f} | {r['p99'] / tick:.2f} "
+            f"| {r['growth']:+.2f} | {kept} | {100 * r['cpu_share']:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
+def memory_section(res: Results) -> str:
+    out = []
+    if res.memory:
+        lines = [
+            "| users | events | worker VmRSS after the log | peak RSS (VmHWM) |",
+            "|---:|---:|---:|---:|",
+        ]
+        for m in res.memory:
+            lines.append(
+                f"| {m['users']:,} | {m['events']:,} | {fmt_bytes(m['rss'])} "
+                f"| {fmt_bytes(m['peak_rss'])} |"
+            )
+        out.append("\n".join(lines))
+        if len(res.memory) >= 2:
+            xs = [m["users"] for m in res.memory]
+            for key, name in (("rss", "VmRSS"), ("peak_rss", "peak RSS")):
+                slope, icpt = linear_fit(xs, [m[key] for m in res.memory])
+                out.append(
+                    f"Least-squares fit, {name} = {fmt_bytes(icpt)} + {slope:,.0f} B x users."
+                )
+    c = res.constants
+    if c:
+        out.append(
+            f"In-process, per user (stage 1, {c['users']:,} users x {c['per_user']} events, "
+            f"tracemalloc of the `users` table as the memory store holds it): "
+            f"**{c['python_bytes_per_user']:,.0f} B per user** in Python objects; "
+            f"changelog record (orjson key + value) {c['changelog_bytes_per_user']:,.0f} B. "
+            f"An entry: `{c['example_entry']}`."
+        )
+        lines = [
+            "| statistic | mechanism | ticks | state JSON B | state Python B | tree JSON B |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for t in c["trees"]:
+            lines.append(
+                f"| {t['statistic']} | {t['mechanism']} | {t['ticks']:,} | {t['json_bytes']:,} "
+                f"| {t['python_bytes']:,} | {t['tree_json_bytes']:,} |"
+            )
+        title = "Per statistic (stage 2 state, keyed noise, one event per tick):"
+        out.append(title + "\n\n" + "\n".join(lines))
+        out.append(
+            "Keyed-noise cache (`CachedNoise`, one per worker, shared by all statistics): "
+            + "; ".join(
+                f"after {n['ticks']:,} ticks {n['entries']:,} entries, {fmt_bytes(n['bytes'])}"
+                f" ({n['bytes'] / max(1, n['entries']):,.0f} B/entry; bound {n['max']:,} "
+                f"entries = {fmt_bytes(n['max'] * n['bytes'] / max(1, n['entries']))})"
+                for n in c["noise_cache"]
+            )
+            + "."
+        )
+    return "\n\n".join(out) if out else "(not measured in this run)"
+
+
+def targets_section(res: Results) -> str:
+    args = res.args
+    rows = ["| target | measured | met |", "|---|---|---|"]
+    envelopes = [b for b in res.datasets if b > 1]
+    for b in envelopes:
+        r = median(res.ratio(b, "dpstream"))
+        if not math.isnan(r):
+            rows.append(
+                f"| pipeline on {shape_name(b)} >= 50% of the aiokafka ceiling (same run, same "
+                f"topic) | {100 * r:.1f}% | {'yes' if r >= 0.5 else 'no'} |"
+            )
+        if 1 in res.datasets and res.rows(1, "aiokafka"):
+            single = median(r["rate"] for r in res.rows(1, "aiokafka"))
+            pipe = median(r["rate"] for r in res.rows(b, "dpstream"))
+            if not math.isnan(pipe):
+                rows.append(
+                    f"| (context) pipeline on {shape_name(b)} vs aiokafka reading single-event "
+                    f"records | {100 * pipe / single:.1f}% | - |"
+                )
+    if 1 in res.datasets:
+        ratios = res.ratio(1, "dpstream", "faust-naive")
+        if ratios:
+            extra = 1 / median(ratios) - 1  # time per event, pipeline over naive, minus 1
+            rows.append(
+                "| single-event records: DP work adds <= 20% over the naive Faust agent "
+                f"(time per event) | +{100 * extra:.0f}% | {'yes' if extra <= 0.2 else 'no'} |"
+            )
+    for r in res.latency:
+        ok = r["kept_up"] and r["p99"] < 2 * args.tick
+        rows.append(
+            f"| p99 release latency < 2 ticks ({2 * args.tick:g} s) at {fmt_rate(r['rate'])} "
+            f"events/s, {shape_name(r['batch'])} | {r['p99']:.3f} s"
+            f"{'' if r['kept_up'] else ' (did not keep up)'} | {'yes' if ok else 'no'} |"
+        )
+    if res.constants:
+        c = res.constants
+        slope = math.nan
+        if len(res.memory) >= 2:
+            slope, _ = linear_fit([m["users"] for m in res.memory], [m["rss"] for m in res.memory])
+        rows.append(
+            "| worker memory O(users), constant documented | "
+            f"{c['python_bytes_per_user']:,.0f} B/user in state objects; worker RSS slope "
+            f"{'n/a' if math.isnan(slope) else f'{slope:,.0f} B/user'} | see Memory |"
+        )
+    return "\n".join(rows)
+
+
+def runs_table(res: Results) -> str:
+    lines = [
+        "| run | input | contender | events/s | seconds | CPU s | CPU share | extra |",
+        "|---:|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in res.runs:
+        extra = ""
+        if r["contender"] == "dpstream":
+            extra = (
+                f"startup {r['startup_seconds']:.1f} s, dead letters {r['dead_letters']}, "
+                f"RSS {fmt_bytes(r['rss'])}"
+            )
+        share = r.get("cpu_wall_seconds") or r["seconds"]
+        lines.append(
+            f"| {r['run'] + 1} | {shape_name(r['batch'])} | {r['contender']} "
+            f"| {fmt_rate(r['rate'])} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} "
+            f"| {100 * r['cpu_seconds'] / share:.0f}% | {extra} |"
+        )
+    return "\n".join(lines)
+
+
+def profile_section(res: Results) -> str:
+    from bench import pyspy_summary
+
+    label = res.args.profile_label
+    parts = [
+        f"## Profile: {label}\n",
+        f"py-spy {res.args.profile_rate} Hz, `record --threads --idle -f raw`, attached to the "
+        "worker from the first stage-1 report of T0 until the release of T1 (so start-up is "
+        "not in it), one extra pipeline run per input shape (not counted in the tables "
+        "above). Self = the innermost Python frame; inclusive = anywhere on the stack. "
+        "Percentages are of the main thread's busy samples (idle = innermost frame is a "
+        f"select/poll/sleep/lock wait). Commit `{git_commit()}`. Raw profiles: "
+        f"`{res.args.workdir}`.",
+    ]
+    for p in res.profiles:
+        prof = pyspy_summary.parse(Path(p["path"]).read_text())
+        idle = 100 * (prof.main_total - prof.main_busy) / max(1, prof.main_total)
+        parts.append(
+            f"### {shape_name(p['batch'])} ({p['events']:,} events at "
+            f"{fmt_rate(p['rate'])} events/s under the profiler; main thread idle {idle:.0f}%)\n"
+        )
+        parts.append(pyspy_summary.thread_lines(prof) + "\n")
+        parts.append(pyspy_summary.table(prof, "self", 15) + "\n")
+        parts.append(pyspy_summary.table(prof, "inclusive", 30) + "\n")
+    return "\n".join(parts)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],  # noqa: S607 - read-only
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "pipeline", "operators", "config"],  # noqa: S607
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return out.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def errors_section(res: Results) -> str:
+    if not res.errors:
+        return ""
+    items = "\n".join(f"* {e.splitlines()[0]}" for e in res.errors)
+    return f"\n## Sections that failed in this run\n\n{items}\n"
+
+
+def kept_profiles(path: Path, label: str) -> str:
+    """Profile sections of an existing document whose label differs from ``label``."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    keep = []
+    for m in re.finditer(r"^## Profile: (.+?)$(.*?)(?=^## |\Z)", text, re.M | re.S):
+        if m.group(1).strip() != label:
+            keep.append(m.group(0).rstrip() + "\n")
+    return "\n".join(keep)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    return ".venv/bin/python -m bench.throughput " + " ".join(args.argv)
+
+
+def document(res: Results) -> str:
+    a, info = res.args, res.info
+    ds_lines = "\n".join(
+        f"* {shape_name(b)}: {d.events:,} events in {d.records:,} records over {d.partitions} "
+        f"partitions, pre-produced in {d.produce_seconds:.1f} s"
+        for b, d in res.datasets.items()
+    )
+    loaded = (
+        "**Measured while other work shared the machine: not final numbers.**"
+        if a.under_load
+        else "Measured with the machine otherwise quiet."
+    )
+    return f"""# dpstream throughput, latency and memory against a real Kafka broker
+
+Generated by `bench/throughput.py` (issue 7). Regenerate with
+
+    {command_line(a)}
+
+{loaded} Load average (1/5/15 min) at the start {res.load_start}, at the end
+{res.load_end}. Wall time {res.wall / 60:.1f} min. Commit `{git_commit()}`.
+
+Machine: {info["cores"]} cores ({info["cpu"]}), {info["ram"]} RAM, {info["platform"]};
+{info["python"]}; {info["libs"]}; Kafka: {res.kafka}. The broker, the contender and (for
+latency) the producer share the same cores.
+
+## Throughput
+
+Each run, on the same pre-produced topics ({a.users:,} users, Zipf-like activity,
+`pipeline/synthetic.py`, pipeline = `config/demo.yaml`: two binary-tree counts, keyed
+noise):
+
+{ds_lines}
+
+{throughput_table(res)}
+
+Ratio = the contender's events/s over the aiokafka ceiling's **in the same run on the same
+topic** (median over runs of that per-run ratio). CPU µs/event = the process's CPU time
+(all threads) over the timed span, per event. Peak RSS = VmHWM of the contender's
+process. Per-run numbers are at the end.
+
+## Targets
+
+{targets_section(res)}
+
+## Release latency
+
+A fresh worker (tick {a.tick:g} s); once it has released its first tick, this process
+produces at the target rate for {a.latency_seconds:g} s through `clients.produce_events`
+(every 50 ms what is due; envelopes therefore hold up to rate x 50 ms / partitions
+events). Latency of a release = its CreateTime minus its `tick_end_unix`, for every
+statistic and every tick lying wholly inside the production window. Percentiles are
+nearest-rank (with fewer than 100 samples, p99 is the maximum). After production this
+process waits at most {a.latency_wait or max(15.0, a.latency_seconds):g} s for the last
+of those ticks; a tick still unreleased then counts with the lower bound (give-up time
+minus tick end). Growth = median latency of the last third of the ticks minus that of the
+first third (per tick, its slowest statistic): a worker slower than the input piles up a
+backlog and its latency grows by about (1 - its rate / input rate) s per second. Kept up =
+every tick released and growth under one tick.
+
+{latency_table(res)}
+
+The floor of this latency is the clock: the leader writes tick t's markers on its next
+timer firing after the tick ends (every min(I/4, 1 s)), then stage 1 must reach them
+behind the backlog, report through the stage-2 topic, and stage 2 must send.
+
+## Memory
+
+{memory_section(res)}
+
+Worker memory = a start-up baseline (Python, Faust, aiokafka; the intercept above)
++ the per-user constant x users (stage-1 `users` table, Faust memory store: the Python
+objects above plus the dict slot) + per statistic its stage-2 state (O(log t) integers)
++ the keyed-noise cache, bounded by its `maxsize` entries whatever the traffic.
+
+## How it is measured
+
+* **One broker, one run, same topics.** Each input shape gets one input topic,
+  pre-produced once through dpstream's own producer (`clients.produce_events`; envelopes
+  are grouped by partition, the `dpstream: batch` header) between two tick markers
+  `T0` and `T1` (two consecutive, already ended ticks) in every partition. Then, per run,
+  every contender reads that same topic from offset 0, one after the other, each in its own
+  process; nothing else runs in between.
+* **Ceiling** (`bench/ceiling.py`): aiokafka `getmany` / confluent-kafka `consume(10000)`
+  with assigned partitions (no group), `orjson.loads` of every record, events counted.
+  Time = first fetched record to last parsed record.
+* **Naive peer** (`bench/naive_agent.py`): a Faust app with the worker's settings and one
+  agent (`stream.events()`, raw serializers) that reads the header, skips tick markers,
+  `orjson.loads` the value and counts. Time = first record the agent sees to the last
+  event counted.
+* **Pipeline**: a real `dpstream worker` (`worker_support.spawn_worker`). Time = from the
+  first stage-1 report of tick T0 on the stage-2 topic (the worker has started consuming)
+  to the last release of tick T1 on the release topics (every event has passed stage 1,
+  stage 2 has closed T1 and the release is on its topic), both as record CreateTimes
+  written by the worker. events/s = events in the log / that time. Worker start-up
+  (Faust boot, group join, topic metadata) is excluded and shown per run.
+  Every run checks that the dead-letter topic stayed empty.
+* All contenders therefore exclude connection set-up and include everything from the
+  first record to the last; the events are identical across contenders.
+* Several runs (`--runs`), medians, the spread is min-max over runs.
+
+## Per-run numbers
+
+{runs_table(res)}
+{errors_section(res)}
+{profile_section(res) if res.profiles else ""}
+{kept_profiles(a.out, a.profile_label)}"""
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes, 1 run (~2 minutes)")
+    p.add_argument("--runs", type=int, help="throughput runs (default 3; quick 1)")
+    p.add_argument("--users", type=int, default=10_000, help="distinct users in the events")
+    p.add_argument("--singles", type=int, help="events for single-event records (0: skip)")
+    p.add_argument("--envelope-events", type=int, help="events for each envelope shape")
+    p.add_argument("--batch", default="100", help="envelope sizes, comma-separated (empty: none)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--tick", type=float, default=1.0, help="tick interval in seconds")
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--latency-rate", type=float, default=10_000)
+    p.add_argument("--latency-seconds", type=float, help="default 30; quick 10")
+    p.add_argument("--latency-wait", type=float, help="max wait for the last release")
+    p.add_argument("--latency-batch", help="input shapes for latency (1 = single events)")
+    p.add_argument("--memory-users", help="user counts for the RSS runs, comma-separated")
+    p.add_argument("--memory-per-user", type=int, default=2)
+    p.add_argument("--profile", action="store_true", help="py-spy the worker (extra runs)")
+    p.add_argument("--profile-label", default="before")
+    p.add_argument("--profile-rate", type=int, default=100)
+    p.add_argument("--config", type=Path, help="pipeline YAML (default config/demo.yaml)")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    p.add_argument("--json", type=Path, help="also write every number as JSON here")
+    p.add_argument("--workdir", type=Path, help="configs, logs, profiles (default: temp)")
+    p.add_argument("--under-load", action="store_true", help="say so in the document")
+    p.add_argument("--seed", type=int, default=7)
+    args = p.parse_args(argv)
+    args.argv = argv
+    q = args.quick
+    args.runs = args.runs or (1 if q else 3)
+    args.singles = args.singles if args.singles is not None else (10_000 if q else 60_000)
+    if args.envelope_events is None:
+        args.envelope_events = 200_000 if q else 1_000_000
+    args.latency_seconds = args.latency_seconds or (10.0 if q else 30.0)
+    if args.latency_batch is None:
+        args.latency_batch = "100" if q else "100,1"
+    if args.memory_users is None:
+        args.memory_users = "" if q else "0,20000,100000"
+    args.batches = [int(b) for b in args.batch.split(",") if b.strip()]
+    args.latency_batches = [int(b) for b in args.latency_batch.split(",") if b.strip()]
+    args.memory_list = [int(u) for u in args.memory_users.split(",") if u.strip()]
+    args.contenders = [c for c in args.contenders.split(",") if c]
+    unknown = set(args.contenders) - set(CONTENDERS)
+    if unknown:
+        p.error(f"unknown contenders {sorted(unknown)}; choose from {CONTENDERS}")
+    if "aiokafka" not in args.contenders:
+        p.error("aiokafka (the ceiling every ratio refers to) must be among the contenders")
+    if args.workdir is None:
+        args.workdir = Path(tempfile.mkdtemp(prefix="dpstream-bench-"))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from dpstream.pipeline.broker import BOOTSTRAP_ENV, KAFKA_VERSION, kafka_broker
+
+    started = time.monotonic()
+    base = base_config(args.config)
+    env = {KEY_ENV: secrets.token_hex(32)}
+    external = os.environ.get(BOOTSTRAP_ENV, "").strip()
+    kafka = (
+        f"external broker at {external} (version not checked)"
+        if external
+        else f"Apache Kafka {KAFKA_VERSION} (KRaft, single node, from Kafka's jars)"
+    )
+    res = Results(args=args, info=machine(), kafka=kafka, load_start=loadavg())
+    log(f"workdir {args.workdir}")
+
+    def attempt(what: str, fn: Callable[[], None]) -> None:
+        """Optional sections: a failure is reported in the document, not fatal."""
+        try:
+            fn()
+        except Exception as exc:
+            log(f"{what} failed: {exc}")
+            res.errors.append(f"{what}: {type(exc).__name__}: {str(exc)[:2000]}")
+
+    shapes = ([1] if args.singles > 0 else []) + [b for b in args.batches if b > 1]
+    with kafka_broker() as bootstrap:
+        log(f"broker {bootstrap}")
+        for batch in shapes:
+            n = args.singles if batch == 1 else args.envelope_events
+            cfg, _ = write_config(
+                run_config(base, f"d{batch}", None, args.tick, args.partitions), args.workdir
+            )
+            ds = preproduce(bootstrap, cfg, synthetic(args.users, n, args.seed), batch)
+            res.datasets[batch] = ds
+            log(f"{shape_name(batch)}: {ds.events:,} events in {ds.records:,} records")
+        for run in range(args.runs):
+            for batch, ds in res.datasets.items():
+                for contender in args.contenders:
+                    if contender in ("aiokafka", "confluent"):
+                        r = run_ceiling(contender, bootstrap, ds)
+                    elif contender == "faust-naive":
+                        r = run_naive(bootstrap, ds, args.workdir)
+                    else:
+                        r = run_pipeline(bootstrap, base, ds, args.workdir, args.tick, env)
+                    r.update(run=run, batch=batch, contender=contender)
+                    r["rate"] = r["events"] / r["seconds"]
+                    res.runs.append(r)
+                    log(
+                        f"run {run + 1}/{args.runs} {shape_name(batch)} {contender}: "
+                        f"{fmt_rate(r['rate'])} events/s ({r['seconds']:.2f} s)"
+                    )
+        for batch in args.latency_batches:
+
+            def latency(batch: int = batch) -> None:
+                r = run_latency(
+                    bootstrap,
+                    base,
+                    args.workdir,
+                    env,
+                    batch=batch,
+                    rate=args.latency_rate,
+                    seconds=args.latency_seconds,
+                    tick=args.tick,
+                    users=args.users,
+                    partitions=args.partitions,
+                    seed=args.seed + 1,
+                    wait=args.latency_wait or max(15.0, args.latency_seconds),
+                )
+                res.latency.append(r)
+                log(
+                    f"latency {shape_name(batch)} at {fmt_rate(args.latency_rate)}/s: "
+                    f"p50 {r['p50']:.3f} s, p99 {r['p99']:.3f} s, kept up: {r['kept_up']}"
+                )
+
+            attempt(f"latency, {shape_name(batch)}", latency)
+        for users in args.memory_list:
+
+            def memory(users: int = users) -> None:
+                r = run_memory(
+                    bootstrap,
+                    base,
+                    args.workdir,
+                    env,
+                    users=users,
+                    per_user=args.memory_per_user,
+                    batch=max(args.batches or [100]),
+                    tick=args.tick,
+                    partitions=args.partitions,
+                )
+                res.memory.append(r)
+                log(f"memory {users:,} users: RSS {fmt_bytes(r['rss'])}")
+
+            attempt(f"memory, {users} users", memory)
+        if args.profile:
+            for batch, ds in res.datasets.items():
+
+                def profile(batch: int = batch, ds: Dataset = ds) -> None:
+                    if py_spy() is None:
+                        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+                    path = args.workdir / f"profile-{batch}.txt"
+                    r = run_pipeline(
+                        bootstrap,
+                        base,
+                        ds,
+                        args.workdir,
+                        args.tick,
+                        env,
+                        profile=path,
+                        profile_rate=args.profile_rate,
+                    )
+                    rate = ds.events / r["seconds"]
+                    res.profiles.append(
+                        {"batch": batch, "path": str(path), "events": ds.events, "rate": rate}
+                    )
+                    log(f"profiled {shape_name(batch)}: {path}")
+
+                attempt(f"profile, {shape_name(batch)}", profile)
+
+    def constants() -> None:
+        log("state constants (in process)")
+        tree_ticks = [1000] if args.quick else [1000, 10_000]
+        users = 20_000 if args.quick else 100_000
+        res.constants = state_constants(base, users, args.memory_per_user, tree_ticks)
+
+    attempt("state constants", constants)
+    res.load_end = loadavg()
+    res.wall = time.monotonic() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(document(res))
+    print(throughput_table(res))
+    print()
+    print(targets_section(res))
+    if res.latency:
+        print()
+        print(latency_table(res))
+    log(f"wrote {args.out}")
+    if args.json:
+        args.json.write_bytes(
+            orjson.dumps(
+                {
+                    "machine": res.info,
+                    "runs": res.runs,
+                    "latency": res.latency,
+                    "memory": res.memory,
+                    "constants": res.constants,
+                    "profiles": res.profiles,
+                    "errors": res.errors,
+                    "datasets": {str(b): vars(d) for b, d in res.datasets.items()},
+                },
+                option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS,
+                default=str,
+            )
+        )
+    for err in res.errors:
+        log(f"ERROR {err.splitlines()[0]}")
+    return 1 if res.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
