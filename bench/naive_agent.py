@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, required=True)
     parser.add_argument("--expect", type=int, required=True, help="events to count")
     parser.add_argument("--result", type=Path, required=True)
-    parser.add_argument("--loglevel", default="warning")
+    parser.add_argument("--loglevel", default="info")
     args = parser.parse_args(argv)
     import faust
 

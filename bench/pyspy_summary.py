@@ -107,13 +107,72 @@ def table(prof: Profile, which: str, top: int = 15) -> str:
     return "\n".join(lines)
 
 
-def share(prof: Profile, pattern: str) -> float:
-    """Inclusive share (% of busy main-thread samples) of functions matching ``pattern``
-    (a regex on ``function (file)``), counted once per sample at most only when the
-    matches never nest; use for leaf-ish functions."""
-    rx = re.compile(pattern)
-    busy = max(1, prof.main_busy)
-    return 100 * max((n for fn, n in prof.inclusive.items() if rx.search(fn)), default=0) / busy
+# Where a dpstream worker's main thread goes, as (label, regex on "function (file)").
+# A sample counts for a bucket when any frame of its stack matches; buckets overlap
+# where the stacks nest (e.g. table writes are inside Stage1.add_events).
+BUCKETS = [
+    ("stage-1 agent, all of it (`stage1_agent`)", r"stage1_agent "),
+    ("  decode + validate (`records.decode_events`)", r"^decode_events "),
+    ("  routing check (`records.partition_for`, pure-Python murmur2)", r"^partition_for "),
+    ("  `Stage1.add_events` (incl. its table reads and writes)", r"^Stage1\.add_events "),
+    (
+        "  table reads (`Table.__getitem__` / `.get`)",
+        r"^(Table|Collection|ManagedUserDict)\."
+        r"(__getitem__|get|on_key_get)",
+    ),
+    ("  table writes (`Table.on_key_set` -> changelog `send_soon`)", r"^Table\.on_key_set "),
+    ("stage-2 agent (`stage2_agent`)", r"stage2_agent "),
+    (
+        "producing: buffered sends (`ProducerBuffer._send_pending`, `flush_atmost`)",
+        r"^ProducerBuffer\.(_send_pending|flush_atmost|_handle_pending) ",
+    ),
+    (
+        "aiokafka producer send path (`AIOKafkaProducer.send`, `Sender`)",
+        r"^(AIOKafkaProducer\.send|Sender\.|SendProduceReqHandler\.)",
+    ),
+    ("offset commits (`Consumer.commit`)", r"^Consumer\.(commit|force_commit) "),
+    (
+        "Faust delivery (`Consumer._drain_messages`, conductor, stream iteration)",
+        r"^(Consumer\._drain_messages|Stream\._c_aiter|Conductor\.)",
+    ),
+    ("logging (`Logger.*`: records built for DEBUG)", r"^Logger\."),
+    ("event loop only (`_run_once` self time)", None),
+]
+
+
+def buckets(text: str, main_thread: str = "MainThread") -> list[tuple[str, float]]:
+    """Share (% of busy main-thread samples) of each of ``BUCKETS``."""
+    compiled = [(label, re.compile(rx) if rx else None) for label, rx in BUCKETS]
+    hits = [0] * len(compiled)
+    busy = 0
+    for line in text.splitlines():
+        stack, _, count_s = line.rstrip().rpartition(" ")
+        if not count_s.isdigit():
+            continue
+        head, _, frames_s = stack.partition(": ")
+        frames = frames_s.split(";")
+        if not head.startswith("thread") or frames[0] != main_thread or len(frames) < 2:
+            continue
+        names = [frame_name(f) for f in frames[1:]]
+        if is_idle(names[-1]):
+            continue
+        count = int(count_s)
+        busy += count
+        for i, (_, rx) in enumerate(compiled):
+            if rx is None:
+                hit = names[-1].startswith("BaseEventLoop._run_once")
+            else:
+                hit = any(rx.search(n) for n in names)
+            if hit:
+                hits[i] += count
+    return [(label, 100 * h / max(1, busy)) for (label, _), h in zip(compiled, hits, strict=True)]
+
+
+def bucket_lines(text: str) -> str:
+    lines = ["| where (inclusive) | % of busy main-thread samples |", "|---|---:|"]
+    for label, pct in buckets(text):
+        lines.append(f"| {label.replace('  ', '&nbsp;&nbsp;')} | {pct:.1f} |")
+    return "\n".join(lines)
 
 
 def thread_lines(prof: Profile) -> str:
@@ -130,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             prof = parse(fh.read())
         print(f"# {path}\n")
         print(thread_lines(prof), "\n")
+        with open(path) as fh:
+            print(bucket_lines(fh.read()), "\n")
         print(table(prof, "self", 25), "\n")
         print(table(prof, "inclusive", 40), "\n")
     return 0
@@ -137,3 +198,55 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------- cProfile
+
+# Calls per event worth watching: (label, function name, file suffix).
+WATCHED_CALLS = [
+    ("stage-1 records handled (`handle_input`)", "handle_input", "pipeline/app.py"),
+    ("`Stage1.add_events`", "add_events", "pipeline/stages.py"),
+    ("events validated (`records.parse_event`)", "parse_event", "pipeline/records.py"),
+    ("murmur2 hashes (`aiokafka.partitioner.murmur2`)", "murmur2", "aiokafka/partitioner.py"),
+    ("table writes (`Table.on_key_set`)", "on_key_set", "faust/tables/table.py"),
+    ("table reads (`Table.on_key_get`)", "on_key_get", "faust/tables/table.py"),
+    ("Kafka messages produced (`Topic.publish_message`)", "publish_message", "faust/topics.py"),
+    ("aiokafka `send` calls", "send", "aiokafka/producer/producer.py"),
+    ("produce requests (`Sender._send_produce_req`)", "_send_produce_req", "sender.py"),
+    ("`asyncio.wait_for` (ProducerBuffer.flush_atmost)", "wait_for", "asyncio/tasks.py"),
+    ("tasks created (`create_task`)", "create_task", "asyncio/base_events.py"),
+    ("event-loop iterations (`_run_once`)", "_run_once", "asyncio/base_events.py"),
+    ("log records built (`Logger._log`)", "_log", "logging/__init__.py"),
+]
+
+
+def _short(path: str) -> str:
+    return frame_name(f"f ({path})")[3:-1]
+
+
+def cprofile_tables(path: str, events: int, records: int, top: int = 15) -> str:
+    """Self time per event of the top functions, and calls per event of
+    ``WATCHED_CALLS``, from a ``bench/cprofile_worker.py`` stats file."""
+    import pstats
+
+    raw = pstats.Stats(path).stats  # (file, line, func) -> (cc, nc, tt, ct, callers)
+    total = sum(v[2] for v in raw.values())
+    lines = [
+        f"Main-thread time inside profiled calls: {total:.2f} s = {1e6 * total / events:.1f} µs"
+        f" per event ({1e6 * total / max(1, records):.1f} µs per input record), cProfile's "
+        "overhead included.\n",
+        "| self % | µs/event | calls/event | function (file:line) |",
+        "|---:|---:|---:|---|",
+    ]
+    for (file, line, func), (_, nc, tt, _, _) in sorted(
+        raw.items(), key=lambda kv: kv[1][2], reverse=True
+    )[:top]:
+        lines.append(
+            f"| {100 * tt / total:.1f} | {1e6 * tt / events:.2f} | {nc / events:.3f} "
+            f"| `{func} ({_short(file)}:{line})` |"
+        )
+    lines += ["", "| calls | per event | per input record |", "|---|---:|---:|"]
+    for label, func, suffix in WATCHED_CALLS:
+        n = sum(v[1] for (f, _, fn), v in raw.items() if fn == func and f.endswith(suffix))
+        lines.append(f"| {label} | {n / events:.3f} | {n / max(1, records):.2f} |")
+    return "\n".join(lines)

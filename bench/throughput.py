@@ -71,6 +71,11 @@ LABELS = {
     "faust-naive": "naive Faust agent (parse + count)",
     "dpstream": "dpstream pipeline (stage 1 + 2 + releases)",
 }
+# Set from --worker-loglevel in main(): the dpstream worker's and the naive agent's level.
+# "info" is the CLI default. At "warning" or above, faust.Worker keeps its terminal
+# spinner, which sets the ROOT logger to DEBUG so that every aiokafka/Faust debug call
+# builds a LogRecord (measured: 15-18% of the worker's main thread).
+WORKER = {"loglevel": "info"}
 PRODUCER_QUEUE = {
     "queue.buffering.max.messages": 2_000_000,
     "queue.buffering.max.kbytes": 2_000_000,
@@ -316,6 +321,7 @@ def run_naive(bootstrap: str, ds: Dataset, workdir: Path) -> dict:
     cmd = [sys.executable, "-m", "bench.naive_agent", "--bootstrap", bootstrap]
     cmd += ["--topic", ds.topic, "--partitions", str(ds.partitions)]
     cmd += ["--expect", str(ds.events), "--result", str(result)]
+    cmd += ["--loglevel", WORKER["loglevel"]]
     with open(logf, "wb") as fh:
         proc = subprocess.Popen(  # noqa: S603 - fixed argument list
             cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT
@@ -335,6 +341,19 @@ def run_naive(bootstrap: str, ds: Dataset, workdir: Path) -> dict:
         stop(proc)
 
 
+def spawn_profiled_worker(
+    stats: Path, config_path: Path, bootstrap: str, log_path: Path, env: dict[str, str]
+) -> subprocess.Popen:
+    """``spawn_worker``'s command under ``bench/cprofile_worker.py``."""
+    cmd = [sys.executable, "-m", "bench.cprofile_worker", str(stats), "worker"]
+    cmd += ["--config", str(config_path), "--bootstrap", bootstrap]
+    cmd += ["--loglevel", WORKER["loglevel"]]
+    with open(log_path, "wb") as fh:
+        return subprocess.Popen(  # noqa: S603 - fixed argument list
+            cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env}
+        )
+
+
 def run_pipeline(
     bootstrap: str,
     base: dict,
@@ -342,21 +361,29 @@ def run_pipeline(
     workdir: Path,
     tick: float,
     env: dict[str, str],
-    profile: Path | None = None,
+    profile: tuple[str, Path] | None = None,
     profile_rate: int = 100,
 ) -> dict:
     """Spawn a dpstream worker on the dataset's topic; time it from the first stage-1
-    report of tick T0 to the last release of tick T1."""
+    report of tick T0 to the last release of tick T1.
+
+    ``profile``: ("pyspy", raw output file) attaches py-spy over that span;
+    ("cprofile", stats file) runs the worker under ``bench/cprofile_worker.py`` and
+    switches cProfile on and off at the same two moments.
+    """
+    from dpstream.pipeline.topics import ensure_topics
     from dpstream.pipeline.worker_support import spawn_worker
 
     cfg, path = write_config(run_config(base, "p", ds.topic, tick, ds.partitions), workdir)
-    from dpstream.pipeline.topics import ensure_topics
-
     ensure_topics(cfg, bootstrap)
     watcher = Watcher(bootstrap, cfg)
     logf = workdir / f"{cfg.app_id}.log"
     spawned = time.time()
-    proc = spawn_worker(path, bootstrap, logf, env=env, loglevel="warning")
+    kind, out = profile or ("", Path())
+    if kind == "cprofile":
+        proc = spawn_profiled_worker(out, path, bootstrap, logf, env)
+    else:
+        proc = spawn_worker(path, bootstrap, logf, env=env, loglevel=WORKER["loglevel"])
     marks: dict[str, float] = {}
     spy: subprocess.Popen | None = None
 
@@ -365,12 +392,14 @@ def run_pipeline(
         if report_tick == ds.t0 and "cpu0" not in marks:
             marks["cpu0"] = proc_cpu_seconds(proc.pid) or math.nan
             marks["wall0"] = time.time()
-            if profile is not None:
+            if kind == "pyspy":
                 cmd = [py_spy() or "py-spy", "record", "--pid", str(proc.pid), "--threads"]
-                cmd += ["--idle", "-f", "raw", "-r", str(profile_rate), "-o", str(profile)]
+                cmd += ["--idle", "-f", "raw", "-r", str(profile_rate), "-o", str(out)]
                 spy = subprocess.Popen(  # noqa: S603 - fixed argument list
                     cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
                 )
+            elif kind == "cprofile":
+                proc.send_signal(signal.SIGRTMIN + 1)
 
     watcher.on_report = on_report
     try:
@@ -381,6 +410,9 @@ def run_pipeline(
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
+        if kind == "cprofile":
+            proc.send_signal(signal.SIGRTMIN + 2)
+            watcher.wait(out.exists, 60, "the cProfile stats", proc, logf)
     finally:
         if spy is not None and spy.poll() is None:
             spy.kill()
@@ -432,7 +464,7 @@ def run_latency(
     ensure_topics(cfg, bootstrap)
     watcher = Watcher(bootstrap, cfg)
     logf = workdir / f"{cfg.app_id}.log"
-    proc = spawn_worker(path, bootstrap, logf, env=env, loglevel="warning")
+    proc = spawn_worker(path, bootstrap, logf, env=env, loglevel=WORKER["loglevel"])
     producer = make_producer(bootstrap, **PRODUCER_QUEUE)
     total = int(rate * seconds)
     events = list(synthetic(users, total, seed))
@@ -816,24 +848,38 @@ def profile_section(res: Results) -> str:
     label = res.args.profile_label
     parts = [
         f"## Profile: {label}\n",
-        f"py-spy {res.args.profile_rate} Hz, `record --threads --idle -f raw`, attached to the "
-        "worker from the first stage-1 report of T0 until the release of T1 (so start-up is "
-        "not in it), one extra pipeline run per input shape (not counted in the tables "
-        "above). Self = the innermost Python frame; inclusive = anywhere on the stack. "
-        "Percentages are of the main thread's busy samples (idle = innermost frame is a "
-        f"select/poll/sleep/lock wait). Commit `{git_commit()}`. Raw profiles: "
-        f"`{res.args.workdir}`.",
+        f"Commit `{git_commit()}`, {time.strftime('%Y-%m-%d %H:%M')}, load average at the "
+        f"start of the run {res.load_start}. One extra pipeline run per input shape and "
+        "tool (not counted in the tables above), profiled from the first stage-1 report of "
+        "T0 to the release of T1, so start-up is not in it. Raw profiles: "
+        f"`{res.args.workdir}`.\n",
+        f"* **py-spy** ({res.args.profile_rate} Hz, `record --threads --idle -f raw`, wall "
+        "clock): self = innermost Python frame, inclusive = anywhere on the stack, in % of "
+        "the main thread's busy samples (idle = innermost frame is a select/poll/sleep/lock "
+        "wait). Wall clock: on a loaded machine a syscall that wakes another process (a "
+        "socket write to the broker) also collects the time the worker waits for a core.",
+        "* **cProfile** (`bench/cprofile_worker.py`, main thread): exact call counts per "
+        "event. Its per-call overhead slows the worker (see its events/s), which also "
+        "changes how the producer batches: counts of produce requests, waits and tasks are "
+        "of that slower run; counts of table writes, hashes and messages are not.\n",
     ]
-    for p in res.profiles:
-        prof = pyspy_summary.parse(Path(p["path"]).read_text())
-        idle = 100 * (prof.main_total - prof.main_busy) / max(1, prof.main_total)
-        parts.append(
-            f"### {shape_name(p['batch'])} ({p['events']:,} events at "
-            f"{fmt_rate(p['rate'])} events/s under the profiler; main thread idle {idle:.0f}%)\n"
+    for p in sorted(res.profiles, key=lambda p: (p["batch"], p["tool"])):
+        head = (
+            f"### {shape_name(p['batch'])}, {p['tool']} ({p['events']:,} events; "
+            f"{fmt_rate(p['rate'])} events/s and {p['cpu_us']:.0f} µs worker CPU per event "
+            "under the profiler"
         )
-        parts.append(pyspy_summary.thread_lines(prof) + "\n")
-        parts.append(pyspy_summary.table(prof, "self", 15) + "\n")
-        parts.append(pyspy_summary.table(prof, "inclusive", 30) + "\n")
+        if p["tool"] == "pyspy":
+            text = Path(p["path"]).read_text()
+            prof = pyspy_summary.parse(text)
+            idle = 100 * (prof.main_total - prof.main_busy) / max(1, prof.main_total)
+            parts.append(f"{head}; main thread idle {idle:.0f}%)\n")
+            parts.append(pyspy_summary.thread_lines(prof) + "\n")
+            parts.append(pyspy_summary.bucket_lines(text) + "\n")
+            parts.append(pyspy_summary.table(prof, "self", 15) + "\n")
+        else:
+            parts.append(f"{head})\n")
+            parts.append(pyspy_summary.cprofile_tables(p["path"], p["events"], p["records"]) + "\n")
     return "\n".join(parts)
 
 
@@ -1014,13 +1060,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--memory-per-user", type=int, default=2)
     p.add_argument("--profile", action="store_true", help="py-spy the worker (extra runs)")
     p.add_argument("--profile-label", default="before")
-    p.add_argument("--profile-rate", type=int, default=100)
+    p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
+    p.add_argument("--profile-tools", default="pyspy,cprofile", help="pyspy and/or cprofile")
     p.add_argument("--config", type=Path, help="pipeline YAML (default config/demo.yaml)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--json", type=Path, help="also write every number as JSON here")
     p.add_argument("--workdir", type=Path, help="configs, logs, profiles (default: temp)")
     p.add_argument("--under-load", action="store_true", help="say so in the document")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--worker-loglevel", default="info", help="for the Faust processes")
     args = p.parse_args(argv)
     args.argv = argv
     q = args.quick
@@ -1037,6 +1085,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.latency_batches = [int(b) for b in args.latency_batch.split(",") if b.strip()]
     args.memory_list = [int(u) for u in args.memory_users.split(",") if u.strip()]
     args.contenders = [c for c in args.contenders.split(",") if c]
+    args.profile_tools = [t for t in args.profile_tools.split(",") if t]
+    if set(args.profile_tools) - {"pyspy", "cprofile"}:
+        p.error("--profile-tools: pyspy and/or cprofile")
     unknown = set(args.contenders) - set(CONTENDERS)
     if unknown:
         p.error(f"unknown contenders {sorted(unknown)}; choose from {CONTENDERS}")
@@ -1053,6 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpstream.pipeline.broker import BOOTSTRAP_ENV, KAFKA_VERSION, kafka_broker
 
     started = time.monotonic()
+    WORKER["loglevel"] = args.worker_loglevel
     base = base_config(args.config)
     env = {KEY_ENV: secrets.token_hex(32)}
     external = os.environ.get(BOOTSTRAP_ENV, "").strip()
@@ -1143,28 +1195,37 @@ def main(argv: list[str] | None = None) -> int:
             attempt(f"memory, {users} users", memory)
         if args.profile:
             for batch, ds in res.datasets.items():
+                for tool in args.profile_tools:
 
-                def profile(batch: int = batch, ds: Dataset = ds) -> None:
-                    if py_spy() is None:
-                        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
-                    path = args.workdir / f"profile-{batch}.txt"
-                    r = run_pipeline(
-                        bootstrap,
-                        base,
-                        ds,
-                        args.workdir,
-                        args.tick,
-                        env,
-                        profile=path,
-                        profile_rate=args.profile_rate,
-                    )
-                    rate = ds.events / r["seconds"]
-                    res.profiles.append(
-                        {"batch": batch, "path": str(path), "events": ds.events, "rate": rate}
-                    )
-                    log(f"profiled {shape_name(batch)}: {path}")
+                    def profile(batch: int = batch, ds: Dataset = ds, tool: str = tool) -> None:
+                        if tool == "pyspy" and py_spy() is None:
+                            raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+                        suffix = "txt" if tool == "pyspy" else "pstats"
+                        path = args.workdir / f"profile-{tool}-{batch}.{suffix}"
+                        r = run_pipeline(
+                            bootstrap,
+                            base,
+                            ds,
+                            args.workdir,
+                            args.tick,
+                            env,
+                            profile=(tool, path),
+                            profile_rate=args.profile_rate,
+                        )
+                        res.profiles.append(
+                            {
+                                "tool": tool,
+                                "batch": batch,
+                                "path": str(path),
+                                "events": ds.events,
+                                "records": ds.records,
+                                "rate": ds.events / r["seconds"],
+                                "cpu_us": 1e6 * r["cpu_seconds"] / ds.events,
+                            }
+                        )
+                        log(f"profiled ({tool}) {shape_name(batch)}: {path}")
 
-                attempt(f"profile, {shape_name(batch)}", profile)
+                    attempt(f"profile ({tool}), {shape_name(batch)}", profile)
 
     def constants() -> None:
         log("state constants (in process)")

@@ -67,7 +67,7 @@ from . import _validate
 from . import k_selection as ks
 from . import user_level as ul
 from .errors import BudgetExceededError
-from .noise import NodeId, NoiseSource, chernoff_interval
+from .noise import NodeId, NoiseSource
 from .release import TreeRelease, noisy_release
 from .svt import LOG, above_threshold_step, make_above_threshold
 from .svt import AboveThresholdState as _SvtState
@@ -88,9 +88,10 @@ def advanced_composition_epsilon(
     delta' = delta: T adaptively chosen eps'-DP mechanisms are (epsilon, delta)-DP.
     """
     eps = float(step_epsilon)
-    return math.sqrt(2 * horizon * math.log(1 / float(delta))) * eps + horizon * eps * math.expm1(
-        eps
-    )
+    if eps > 700:  # e^eps overflows a float; the composition is astronomically large
+        return math.inf
+    first = math.sqrt(2 * horizon * math.log(1 / float(delta))) * eps
+    return first + horizon * eps * math.expm1(eps)
 
 
 def solve_step_epsilon(
@@ -826,7 +827,4 @@ def _fixed_delta(spec: FixedTauKSelectionSpec, t: int) -> Callable[[int], float]
             return lambda r: constant
         return lambda r: math.sqrt(spec.domain - r + 1) * per_bin
     level_scales = [tuple(s for _, _, s in fixed_release_nodes(lv, t)) for lv in spec.levels]
-    alpha = float(spec.beta) / spec.R
-    return lambda r: chernoff_interval(
-        ks.suffix_scales(level_scales, r, spec.domain, spec.dyadic), alpha
-    )
+    return ks.chernoff_margin(level_scales, spec.domain, spec.dyadic, float(spec.beta) / spec.R)

@@ -35,7 +35,7 @@ I_l and a clipped element moves by at most W_l = 2 h_l units between neighbours.
 levels 0 and 1 move by at most G <= W_l; the paper still charges them 2 Delta_l
 (eq. 10), kept for fidelity unless ``tight_low_levels``. Node noise of BinMech[l] is
 discrete Laplace of the exact rational scale W_l (1 + floor(log2 n)) / eps_bm units, the
-paper's eta_l G up to the rounding of h_l (relative excess below 1 / (Delta_l G)). The
+paper's eta_l G up to the rounding of h_l (relative excess below 1.5 / (Delta_l G)). The
 medians' thresholds, Delta_l and T_l are public floats: rounding them moves utility only.
 
 **Pipeline shape.** The per-user part is separable from the global part:
@@ -97,6 +97,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -106,8 +107,8 @@ from fractions import Fraction
 from . import _validate
 from . import binary_mechanism as bm
 from . import private_median as pm
-from .noise import NodeId, NoiseSource, chernoff_interval, node_bytes
-from .release import Term, noisy_release
+from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance, node_bytes
+from .release import Term
 
 MECHANISM = "continual_mean"
 
@@ -203,7 +204,8 @@ def paper_constants(
     for level in range(levels + 1):
         k = 32 * big_l / eps * math.log(3 * big_l * 2 ** (level / 2) / delta)
         a = math.sqrt(2.0 ** (level - 2) * math.log(6 * n * log_m / delta))
-        b = math.sqrt(2.0**level * math.log(6 * big_l * k / delta))
+        # For an eps so large that 6 L k_l < delta the log is negative: B_l = 0 (utility only).
+        b = math.sqrt(2.0**level * max(math.log(6 * big_l * k / delta), 0.0))
         d = a + b
         eta = 4 * (big_l + 1) * (1 + log_n) * d / eps
         arrays = math.ceil(k) if level >= 2 else 0
@@ -1087,23 +1089,50 @@ def release(spec: ContinualMeanSpec, state: MeanState, noise: NoiseSource) -> Me
             medians=medians,
         )
     terms = noise_terms(spec, state)
-    rel = noisy_release(state.tick, sum(state.sums), terms, noise)
+    noisy = sum(state.sums) + sum(noise.discrete_laplace(node, b) for node, b, _ in terms)
+    std, ci95, half = _error_bars(scales(spec), tuple(k.bit_count() for k in state.leaves))
     denominator = state.total * spec.resolution
     to_value = float(span) / denominator
-    noise_half = chernoff_interval([s for _, s, _ in terms], _ALPHA / 2) if terms else 0.0
     hoeffding = math.sqrt(math.log(2 / (_ALPHA / 2)) / (2 * state.total))
     return MeanRelease(
         t=state.tick,
-        value=float(spec.lower + span * Fraction(rel.value, denominator)),
+        value=float(spec.lower + span * Fraction(noisy, denominator)),
         total=state.total,
-        std=rel.std * to_value,
-        ci95=rel.ci95 * to_value,
-        mean_ci95=noise_half * to_value + float(span) * (hoeffding + 1 / (2 * spec.resolution)),
+        std=std * to_value,
+        ci95=ci95 * to_value,
+        mean_ci95=half * to_value + float(span) * (hoeffding + 1 / (2 * spec.resolution)),
         active=state.active,
         samples=state.samples,
         dropped=dropped,
         medians=medians,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _error_bars(
+    level_scales: tuple[Fraction, ...], popcounts: tuple[int, ...]
+) -> tuple[float, float, float]:
+    """(std, Chernoff half-width at 0.05, at 0.025) of the noise, in units. Releases repeat
+    the same few popcount patterns, so this is cached."""
+    multiset = [b for b, c in zip(level_scales, popcounts, strict=True) for _ in range(c)]
+    if not multiset:
+        return 0.0, 0.0, 0.0
+    std = math.sqrt(
+        sum(discrete_laplace_variance(b) * c for b, c in zip(level_scales, popcounts, strict=True))
+    )
+    return std, _half_width(multiset, _ALPHA), _half_width(multiset, _ALPHA / 2)
+
+
+def _half_width(multiset: list[Fraction], alpha: float) -> float:
+    try:
+        return chernoff_interval(multiset, alpha)
+    except OverflowError:
+        # Scales below ~1/700 unit overflow the MGF; then P(any term != 0) =
+        # sum 2p / (1 + p), p = exp(-1/b), is far below alpha and 0 is a valid half-width.
+        miss = sum(2 * math.exp(-1 / float(b)) for b in multiset)
+        if miss <= alpha:
+            return 0.0
+        raise
 
 
 def exact_estimate(spec: ContinualMeanSpec, state: MeanState) -> float | None:

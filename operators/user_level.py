@@ -59,6 +59,21 @@ Reusable pieces for statistics whose leaves are not band-based (distinct count):
 any sign, into the node that covers it) and the tracker+instance skeleton ``BoundState`` /
 ``advance_bound`` / ``release_bins``.
 
+Example (spec 001 Example D: users a,a,a,b,a,b,-,a; tau forced from 2 to 4 at t = 8):
+    >>> from dpstream.operators import user_level as ul
+    >>> from dpstream.operators.noise import ZeroNoise
+    >>> spec = ul.make_user_level("clicks", 2, 0.1, forced_schedule=[(8, 4)])
+    >>> state, totals, out = ul.init(spec), {}, []
+    >>> for user in "aaaba_ba":
+    ...     items = [] if user == "_" else [(user, 0, 1)]
+    ...     bands, crossings, totals = ul.split_tick(totals, items)
+    ...     state, release = ul.step(spec, state, bands, crossings, ZeroNoise())
+    ...     out.append((release.value, release.tau, release.instance))
+    >>> out[6:]  # t = 7 keeps ranks <= 2; t = 8 re-admits a's items of rank 3 and 4
+    [(4, 2, 1), (6, 4, 2)]
+    >>> [ul.kept_bins(spec, p, 4)[0] for p in state.periods]
+    [1, 2, 3]
+
 Privacy:
     User-level neighbours. The tracker spends < epsilon/2 (sensitivity 1 of Count). Each
     instance j is the tree of section 2.2 over Truncate(D, tau~), whose per-level L1 node
@@ -558,7 +573,7 @@ def release_nodes(
             out.append(
                 (
                     node,
-                    (spec.name, "inst", 0, "P", index),
+                    (spec.name, "inst", instance, "P", index),
                     period_scale(spec, instance, tau, index),
                 )
             )

@@ -238,11 +238,60 @@ class Stage2:
             if sstate["last_closed"] is None:
                 ledger.append(self._ledger_entry(report.statistic, tick))
             weights = sstate["pending"].pop(str(tick), {})
+            sstate["last_closed"] = tick
+            if sstate.get("exhausted"):
+                continue  # its budget is spent: nothing more is released, ever
+            if self._budget_spent_before(report.statistic, tick - origin + 1):
+                sstate["exhausted"] = tick
+                releases.append(self._exhausted_marker(report.statistic, tick))
+                ledger.append(self._exhausted_entry(report.statistic, tick))
+                continue
             release, entries = self._advance(sstate, report.statistic, tick, weights)
             releases.append(release)
             ledger.extend(entries)
-            sstate["last_closed"] = tick
         return releases, ledger
+
+    def _budget_spent_before(self, name: str, step: int) -> bool:
+        """An expiring statistic is charged epsilon * g(horizon_ticks) (config/schema.py):
+        a release at a later step would let its oldest item lose more than that."""
+        stat = self._stats[name]
+        return stat.mechanism == "expiring" and step > (stat.horizon_ticks or step)
+
+    def _exhausted_marker(self, name: str, tick: int) -> dict:
+        stat = self._stats[name]
+        log.warning(
+            "statistic %s: lifetime budget spent at tick %s (horizon_ticks=%s); "
+            "no further releases",
+            name,
+            tick,
+            stat.horizon_ticks,
+        )
+        end = self._tick_end(tick)
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "statistic": name,
+            "kind": stat.kind,
+            "tick": tick,
+            "tick_end": datetime.fromtimestamp(end, UTC).isoformat(),
+            "tick_end_unix": end,
+            "exhausted": True,
+            "value": None,
+            "note": "lifetime budget spent: this statistic releases nothing more",
+            "epsilon": stat.epsilon,
+            "mechanism": self._counters[name].mechanism,
+        }
+
+    def _exhausted_entry(self, name: str, tick: int) -> dict:
+        stat = self._stats[name]
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "statistic": name,
+            "tick": tick,
+            "event": "exhausted",
+            "epsilon_spent": stat.budget_cost(),
+            "horizon_ticks": stat.horizon_ticks,
+            "total_epsilon": self._cfg.privacy.total_epsilon,
+        }
 
     def _advance(
         self, sstate: dict, name: str, tick: int, weights: dict[str, int]

@@ -203,6 +203,7 @@ class ReleaseWatch:
         topics = [cfg.release_topic(s.name) for s in cfg.statistics]
         self._consumer.assign([TopicPartition(t, 0, OFFSET_END) for t in topics])
         self._newest: int | None = None
+        self._tau: int | None = None
 
     def _take(self, timeout: float) -> int | None:
         """The tick of the next release, if it is newer than every release before."""
@@ -227,6 +228,23 @@ class ReleaseWatch:
                 return tick
         raise AssertionError(f"no new release within {timeout} s\n{worker.log_tail()}")
 
+    def release_with_a_new_tau(
+        self, worker: WorkerProcess, topic: str, timeout: float = 60
+    ) -> tuple[int, int]:
+        """Return right after a release on ``topic`` whose tau exceeds every tau it showed
+        before: the tracker has just doubled tau and the new instance released."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            worker.assert_running()
+            msg = self._consumer.poll(0.01)
+            if msg is None or msg.error() or msg.topic() != topic:
+                continue
+            release = orjson.loads(msg.value())
+            seen, self._tau = self._tau, max(self._tau or 0, release["tau"])
+            if seen is not None and release["tau"] > seen:
+                return release["tick"], release["tau"]
+        raise AssertionError(f"no tau change within {timeout} s\n{worker.log_tail()}")
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -239,10 +257,19 @@ def kill_at_a_random_instant(lives: Lives, rng: random.Random, what: str) -> Non
     lives.kill(f"{what} ({(at / TICK) % 1:.2f} into a tick)")
 
 
-def crash_four_times(
+def crash_repeatedly(
     lives: Lives, rd: dict[str, TopicReader], watch: ReleaseWatch, rng: random.Random
 ) -> None:
-    """Four SIGKILLs, each followed by a restart on the same config and environment."""
+    """Four SIGKILLs (five with a user-level statistic), each followed by a restart on the
+    same config and environment."""
+    cfg = lives.first.cfg
+    auto = [s for s in cfg.statistics if s.user_level]
+    if auto:
+        # 0. Right after the tracker doubled tau: the new truncation instance's first
+        # release is out, its state (and the other statistics') maybe not stored yet.
+        tick, tau = watch.release_with_a_new_tau(lives.current, cfg.release_topic(auto[0].name))
+        lives.kill(f"right after tau became {tau} at tick {tick}")
+        wait_for_progress(lives, rd, lives.restart())
     # 1. Mid-tick, at a random instant, while events stream in.
     time.sleep(rng.uniform(1.0, 3.0))
     kill_at_a_random_instant(lives, rng, "mid-tick")
@@ -332,10 +359,22 @@ def finish(lives: Lives, rd: dict[str, TopicReader], traffic: Traffic) -> dict:
     }
 
 
-def crash_run(bootstrap: str, directory: Path, noise: dict, env: dict[str, str], seed: int):
+def with_user_level(data: dict) -> dict:
+    """Adds a tau: auto count whose tracker follows the heaviest user closely (a huge
+    epsilon makes the SVT discount < 1, NOT private: a test of the mechanics), so tau
+    doubles again and again while the crash schedule runs."""
+    stat = {"name": "views_auto", "key": "view", "epsilon": 900.0, "practical": False}
+    return {
+        **data,
+        "privacy": {"total_epsilon": 1000.0},
+        "statistics": [*data["statistics"], stat],
+    }
+
+
+def crash_run(bootstrap: str, directory: Path, data: dict, env: dict[str, str], seed: int) -> dict:
     """A worker run under the crash schedule; returns its outputs and exported log."""
     with worker_pool(bootstrap, directory) as start:
-        worker = start(pipeline_config(noise), env={**env, **FAST_REJOIN})
+        worker = start(data, env={**env, **FAST_REJOIN})
         lives = Lives(worker, bootstrap, {**env, **FAST_REJOIN})
         rd = readers(bootstrap, worker)
         watch = ReleaseWatch(bootstrap, worker.cfg)
@@ -343,7 +382,7 @@ def crash_run(bootstrap: str, directory: Path, noise: dict, env: dict[str, str],
         try:
             wait_for_first_release(worker, rd["views"])
             traffic.start()
-            crash_four_times(lives, rd, watch, random.Random(seed))
+            crash_repeatedly(lives, rd, watch, random.Random(seed))
             out = finish(lives, rd, traffic)
         except BaseException:
             traffic.abort()
@@ -424,10 +463,18 @@ def check_common(run: dict, kills: int) -> dict[str, list[bytes]]:
         assert len(ticks) >= MIN_ROUNDS, name
     # The ledger: one entry per statistic (a re-sent copy identical), the configured epsilon.
     entries: dict[tuple[str, int], set[bytes]] = defaultdict(set)
+    budget: dict[tuple[str, int], set[bytes]] = defaultdict(set)
     for record in run["ledger"]:
         obj = orjson.loads(record)
+        if obj.get("event") == "budget":  # the accountant of a tau: auto statistic
+            budget[obj["statistic"], obj["tick"]].add(record)
+            continue
         entries[obj["statistic"], obj["instance"]].add(record)
     assert sorted(entries) == sorted((s.name, 0) for s in cfg.statistics)
+    for (name, tick), copies in budget.items():
+        assert len(copies) == 1, f"{name} tick {tick}: differing budget entries {copies}"
+        entry = orjson.loads(next(iter(copies)))
+        assert entry["epsilon_spent"] < entry["epsilon"], entry
     for s in cfg.statistics:
         copies = entries[s.name, 0]
         assert len(copies) == 1, f"{s.name}: differing ledger entries {copies}"
@@ -443,9 +490,10 @@ def summary(run: dict) -> str:
 
 def test_worker_sigkill_restarts_keyed_releases_equal_replay(bootstrap, tmp_path):
     key = np.random.default_rng(6).bytes(24).hex()
-    run = crash_run(bootstrap, tmp_path, {"mode": "keyed", "key_env": KEY_ENV}, {KEY_ENV: key}, 6)
+    data = with_user_level(pipeline_config({"mode": "keyed", "key_env": KEY_ENV}))
+    run = crash_run(bootstrap, tmp_path, data, {KEY_ENV: key}, 6)
     print(summary(run))
-    releases = check_common(run, kills=4)
+    releases = check_common(run, kills=5)
     truth = truncated_counts(run["log"], run["cfg"])
     for name, released in releases.items():
         replayed = run["replayed"][name]
@@ -455,13 +503,17 @@ def test_worker_sigkill_restarts_keyed_releases_equal_replay(bootstrap, tmp_path
         assert released == replayed[: len(released)], name
         values = [orjson.loads(r) for r in released]
         assert all("insecure" not in v for v in values)
+        if name == "views_auto":
+            taus = [v["tau"] for v in values]
+            assert taus == sorted(taus) and len(set(taus)) >= 3, taus
+            continue
         # Real noise: most keyed releases differ from the exact truncated counts.
         noisy = sum(v["value"] != truth[name].get(v["tick"], 0) for v in values)
         assert noisy > len(values) // 2, name
 
 
 def test_worker_sigkill_restarts_zero_noise_releases_equal_truncated_counts(bootstrap, tmp_path):
-    run = crash_run(bootstrap, tmp_path, {"mode": "insecure_zero"}, {}, 6)
+    run = crash_run(bootstrap, tmp_path, pipeline_config({"mode": "insecure_zero"}), {}, 6)
     print(summary(run))
     releases = check_common(run, kills=4)
     truth = truncated_counts(run["log"], run["cfg"])
@@ -699,3 +751,67 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
             if rel["value"] != expected:
                 raise CountLostError(f"{name} tick {rel['tick']}: {rel['value']} != {expected}")
     assert orjson.loads(releases["views"][-1])["value"] == 2 * len(users)
+
+
+def assigned_input_partitions(worker: WorkerProcess) -> set[int]:
+    """The input partitions of the worker's latest assignment, from Faust's INFO log."""
+    text = worker.log_path.read_text(errors="replace")
+    tables = text.split("Setting newly assigned partitions")
+    if len(tables) < 2:
+        return set()
+    topic = worker.cfg.input.topic
+    for line in tables[-1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] == topic:
+            out: set[int] = set()
+            for part in cells[1].strip("{}").split(","):
+                lo, _, hi = part.strip().partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+            return out
+    return set()
+
+
+def test_two_workers_one_dies_the_survivor_takes_over(bootstrap, tmp_path):
+    """4 input partitions, 2 workers of one app; while events stream in, one worker is
+    SIGKILLed. The survivor takes over its partitions, restores their table state from
+    the changelogs, and the releases equal the replay's byte for byte."""
+    key = np.random.default_rng(9).bytes(24).hex()
+    env = {KEY_ENV: key, **FAST_REJOIN}
+    data = unique_names(pipeline_config({"mode": "keyed", "key_env": KEY_ENV}))
+    first = start_worker(bootstrap, tmp_path, data, env)
+    lives = Lives(first, bootstrap, env)
+    rd = readers(bootstrap, first)
+    traffic = Traffic(bootstrap, first.cfg, 9)
+    try:
+        wait_for_first_release(first, rd["views"])
+        traffic.start()
+        lives.restart()  # a second worker of the same app joins the group
+        second = lives.current
+
+        def split() -> bool:
+            a, b = assigned_input_partitions(first), assigned_input_partitions(second)
+            return bool(a) and bool(b) and a | b == {0, 1, 2, 3} and not a & b
+
+        wait_until(split, RESTART_TIMEOUT, "the two workers sharing the partitions", second)
+        wait_for_progress(lives, rd, time.time())
+        lives.current = first
+        lives.kill("one of two workers")
+        lives.current = second
+
+        def took_over() -> bool:
+            return assigned_input_partitions(second) == {0, 1, 2, 3}
+
+        wait_until(took_over, RESTART_TIMEOUT, "the survivor taking every partition", second)
+        wait_for_progress(lives, rd, time.time())
+        out = finish(lives, rd, traffic)
+    except BaseException:
+        traffic.abort()
+        raise
+    finally:
+        for r in rd.values():
+            r.close()
+        lives.stop()
+    out.update(exported(bootstrap, first, env, tmp_path), cfg=first.cfg)
+    releases = check_common(out, kills=1)
+    for name, released in releases.items():
+        assert released == out["replayed"][name][: len(released)], name

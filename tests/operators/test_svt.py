@@ -475,15 +475,16 @@ def union_bound_all_dummy(spec: svt.ContributionTrackerSpec, horizon: int) -> fl
 def test_s1_all_dummy_stream_keeps_tau_at_its_start():
     """S1: all-dummy stream, epsilon = 2, beta = 0.1 (tracker: 1, 0.05), 10^4 steps.
 
-    Scaled down from 2000 runs to n = 800 (each run is 10^4 tracker steps, ~4 us each).
-    The fraction of runs in which tau leaves 2 must be <= beta_1 = 0.0125 (Lemma III.2's
-    all-dummy claim): with a miss probability <= beta_1, the count of such runs exceeds
-    binomial_upper(n, beta_1) = 33 with probability <= 1e-6. The union bound over t of the
-    exact per-step firing probability is ~3e-6 per run, so the count is 0 or 1; the
-    second assertion (count <= binomial_upper(n, union bound)) is what catches a discount
-    that lost its LOG(t+1) term (then ~1.6% of runs fire, ~13 of 800).
+    Scaled down from 2000 runs to n = 500 (each run is 10^4 tracker steps, ~4 us each on
+    an idle core). The fraction of runs in which tau leaves 2 must be <= beta_1 = 0.0125
+    (Lemma III.2's all-dummy claim): with a miss probability <= beta_1, the count of such
+    runs exceeds binomial_upper(n, beta_1) = 21 with probability <= 1e-6. The union bound
+    over t of the exact per-step firing probability is ~3e-6 per run, so the count is
+    almost surely 0 and binomial_upper(n, union bound) = 1. That second assertion is what
+    catches a discount that lost its LOG(t+1) growth (then ~1.6% of runs fire: ~8 of 500,
+    and P(<= 1 of them) ~ 0.003).
     """
-    n, horizon = 800, 10**4
+    n, horizon = 500, 10**4
     spec = tracker()
     beta_1 = float(svt.beta_i(spec, 1))
     # The terms fall like (t+1)^(-32/(16 ln 2)) = (t+1)^(-2.89): those beyond t = 2000 add
@@ -540,19 +541,20 @@ def test_firing_probability_matches_the_exact_discrete_laplace_calculation(offse
     """The first query of SVT 1 fires with probability P(count + Z_q - Z_eta > disc_1(1)),
     computed exactly from the pmfs (Z_q at 4/eps_1 = 16, Z_eta at 2/eps_1 = 8).
 
-    n = 3000 fresh runs: the empirical rate has standard error sqrt(p(1-p)/n) <= 0.0092;
-    allow 5 of them (plus 1e-9 for p near 0 or 1). Moving the discount by ~1.5 units
-    shifts p by more than that near the middle, so this pins the discount, the LOG
-    convention and the noise scales together.
+    n = 20000 runs (each its own tracker name, hence its own nodes, in one keyed-style
+    source): the empirical rate has standard error sqrt(p(1-p)/n) <= 0.0036; allow 5 of
+    them (plus 1e-9 for p near 0 or 1). Near the middle the rate moves by ~0.021 per unit
+    of discount, so a discount off by one unit (0.5%) fails; this pins the discount, the
+    LOG convention and the noise scales together.
     """
-    n = 3000
-    spec = tracker()
-    d = svt.discount(spec, 1, 1)
+    n = 20000
+    d = svt.discount(tracker(), 1, 1)
     count = round(d) + offset
-    p = fire_probability(count, d, svt.epsilon_i(spec, 1))
+    p = fire_probability(count, d, svt.epsilon_i(tracker(), 1))
+    noise = MemoNoise(1000 + offset)
     fired = 0
     for run in range(n):
-        noise = MemoNoise(31 * run + offset + 1000)
+        spec = tracker(name=f"k{run}")
         _, tau = svt.tracker_step(spec, svt.tracker_init(spec), 1, (0, count), noise)
         fired += tau > 2
     assert fired / n == pytest.approx(p, abs=5 * math.sqrt(p * (1 - p) / n) + 1e-9)

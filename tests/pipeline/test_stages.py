@@ -368,3 +368,41 @@ def test_user_level_k_selection_max_and_median():
         (release,) = _releases(cfg, *events, {"tick": 1})
         assert (release["value"], release["k"]) == (value, k), rank
         assert 0 < release["margin"] < 1 and release["mechanism"] == "k_selection"
+
+
+def test_an_expiring_statistic_stops_when_its_lifetime_budget_is_spent(caplog):
+    """Charged epsilon * g(horizon_ticks): the release of step horizon + 1 would let the
+    first tick's items lose more. Stage 2 publishes one exhausted marker, says so on the
+    ledger and in the log, and releases nothing more."""
+    cfg = parse_config(
+        {
+            "input": {"partitions": 1},
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 5},
+            "statistics": [
+                {
+                    "name": "e",
+                    "epsilon": 1,
+                    "tau": 1,
+                    "mechanism": "expiring",
+                    "lambda": 1,
+                    "horizon_ticks": 3,
+                }
+            ],
+        }
+    )
+    stage2 = Stage2(cfg, ZeroNoise(), partitions=1)
+    state = Stage2.new_state()
+    releases, ledger = [], []
+    for tick in range(10, 16):
+        r, entries = stage2.on_report(state, Report("e", 0, tick, tick, {"w": 1}))
+        releases += r
+        ledger += entries
+    assert [(r["tick"], r["value"]) for r in releases] == [(10, 1), (11, 2), (12, 3), (13, None)]
+    assert releases[-1]["exhausted"] is True and "exhausted" not in releases[0]
+    spent = [e for e in ledger if e.get("event") == "exhausted"]
+    assert [(e["tick"], e["epsilon_spent"]) for e in spent] == [
+        (13, cfg.statistics[0].budget_cost())
+    ]
+    assert spent[0]["epsilon_spent"] <= cfg.privacy.total_epsilon
+    assert "lifetime budget spent at tick 13" in caplog.text

@@ -1,0 +1,856 @@
+"""Spec 001 section 5's simulated-data experiment (Table III, Fig. 3), scaled down.
+
+Four queries (count, max-frequency, max, distinct count) on three simulated datasets
+(items per user Uniform, Gaussian or Zipf on [1024]), four mechanisms side by side:
+
+* ours: the user-level mechanisms in practical mode (spec 001 section 2.6): count and
+  max-frequency ``operators/user_level.py`` (one bin / R bins), max
+  ``operators/k_selection.py`` (k = 1, one finest histogram, threshold k + Delta/2),
+  distinct count ``operators/distinct_count.py``;
+* fixed tau = 1024 and random tau (``operators/baselines.py``, Alg. 3 with the full
+  epsilon; tau uniform on {2, ..., 2^20});
+* AdvComp (``operators/baselines.py``): a static user-DP algorithm rerun at every tick
+  with eps' from advanced composition over the T ticks, delta = 1e-6.
+
+Scaling (the paper: |U| = 10^6, T = 5 x 10^7 events, one event per time step). Here:
+``--events`` N = 10^6 events from |U| = N / 50 = 20000 users (the paper's 50 events per
+user), per-user totals drawn on [1024], every user's tokens shuffled together and the
+first N kept (spec 001 section 5's suggestion; this is also what makes kappa(D_T) a few
+hundred rather than 1024, as the paper's own numbers imply). Time is T = ``--ticks`` =
+1024 public ticks of about N/T events each (pitfall P9: several events per tick, ranks
+within a tick in stream order). Errors are taken at 100 checkpoints t = round(c T/100),
+trimmed-mean over runs (drop the 20% largest and smallest), divided by the true value
+(rank error / |D_t| for the max); the table gives the median and the 90th percentile
+over checkpoints, as Table III.
+
+Stage 1 is simulated with numpy (ranks, rank bands, crossings, per-tick reports; the
+first-occurrence table of F_0 uses ``distinct_count.first_occurrence_units``); every
+mechanism is the operators' own ``step`` code. Noise comes from ``MemoNoise`` below: exact
+two-sided geometric draws by numpy, memoised per (node, scale) like the keyed production
+source (a node asked twice gives the same value). It is for experiments only.
+
+Usage:
+    .venv/bin/python experiments/user_level.py [--quick] [--workers 2]
+
+Writes ``docs/user-level.md`` and ``docs/img/user-level-*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from functools import lru_cache
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dpstream.operators import baselines as bl  # noqa: E402
+from dpstream.operators import distinct_count as dc  # noqa: E402
+from dpstream.operators import k_selection as ks  # noqa: E402
+from dpstream.operators import user_level as ul  # noqa: E402
+from dpstream.operators.noise import NodeId  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "user-level.md"
+IMG = ROOT / "docs" / "img"
+COMMAND = ".venv/bin/python experiments/user_level.py"
+
+DISTS = ("unif", "gauss", "zipf")
+DIST_LABEL = {"unif": "Unif", "gauss": "Gaus", "zipf": "Zipf"}
+QUERIES = ("count", "maxf", "max", "f0")
+QUERY_LABEL = {"count": "F_cnt", "maxf": "F_max-f", "max": "F_max", "f0": "F_0"}
+MECHS = ("ours", "advcomp", "random", "fixed")
+MECH_LABEL = {
+    "ours": "Ours",
+    "advcomp": "AdvComp",
+    "random": "Trunc rand τ",
+    "fixed": "Trunc τ=1024",
+    "advcomp_paper": "AdvComp, ε' of T=5·10^7",
+    "ours_half": "Ours, threshold k+Δ/2",
+}
+EXTRA = {"advcomp_paper": QUERIES, "ours_half": ("max",)}
+"""Extra rows: AdvComp with the paper's number of releases; the practical Delta/2."""
+PAPER_T = 5 * 10**7
+BETA = Fraction(1, 10)
+THETA = 1
+DELTA = Fraction(1, 10**6)
+FIXED_TAU = 1024
+EVENTS_PER_USER = 50
+MAX_DOMAIN = 20
+F0_DOMAIN = 10**7
+
+# Table III of the paper (simulated data, epsilon = 2): (90%, median) RE in %, U/G/Z.
+PAPER = {
+    ("ours", "count"): ((0.376, 0.365, 0.775), (0.197, 0.203, 0.523)),
+    ("ours", "maxf"): ((0.689, 0.636, 1.07), (0.281, 0.316, 0.676)),
+    ("ours", "max"): ((1.05, 1.51, 4.77), (0, 0, 1.10)),
+    ("ours", "f0"): ((1.54, 1.79, 4.69), (1.10, 1.17, 2.89)),
+    ("advcomp", "count"): ((97.9, 97.8, 97.9), (96.2, 96.2, 96.5)),
+    ("advcomp", "maxf"): ((97.8, 97.8, 97.9), (96.0, 96.1, 96.5)),
+    ("advcomp", "max"): ((16.6, 16.6, 16.7), (2.17, 2.17, 2.18)),
+    ("advcomp", "f0"): ((90.6, 90.6, 91.1), (89.9, 89.8, 90.6)),
+    ("random", "count"): ((42.4, 40.6, 59), (14.2, 13.3, 16.8)),
+    ("random", "maxf"): ((68.1, 67.9, 75.5), (15.0, 13.4, 22.6)),
+    ("random", "max"): ((100, 100, 100), (20, 20.1, 21)),
+    ("random", "f0"): ((42.3, 36.1, 43), (21.6, 21.2, 32.1)),
+    ("fixed", "count"): ((1.09, 0.935, 0.997), (0.235, 0.24, 0.254)),
+    ("fixed", "maxf"): ((1.65, 1.69, 1.75), (0.379, 0.357, 0.385)),
+    ("fixed", "max"): ((44.4, 44.4, 44.5), (6.98, 7.00, 6.99)),
+    ("fixed", "f0"): ((2.39, 2.82, 2.49), (1.3, 1.31, 1.38)),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Experiment size. Defaults: the full run (about 7 minutes on 2 idle cores)."""
+
+    events: int = 10**6
+    ticks: int = 1024
+    maxf_bins: int = 100
+    reps: int = 20
+    reps_max: int = 10
+    reps_maxf: int = 5
+    random_runs: int = 20
+    random_runs_max: int = 10
+    random_runs_maxf: int = 5
+    checkpoints: int = 100
+    epsilon: Fraction = Fraction(2)
+    figure_epsilons: tuple[Fraction, ...] = (Fraction(1), Fraction(2), Fraction(4))
+    figure_reps: int = 5
+    seed: int = 20250601
+
+    @property
+    def users(self) -> int:
+        return max(1, self.events // EVENTS_PER_USER)
+
+    def runs(self, query: str, mech: str) -> int:
+        if mech == "random":
+            return {"maxf": self.random_runs_maxf, "max": self.random_runs_max}.get(
+                query, self.random_runs
+            )
+        return {"maxf": self.reps_maxf, "max": self.reps_max}.get(query, self.reps)
+
+
+QUICK = Config(
+    events=10**5,
+    ticks=256,
+    maxf_bins=50,
+    reps=5,
+    reps_max=3,
+    reps_maxf=2,
+    random_runs=5,
+    random_runs_max=3,
+    random_runs_maxf=2,
+    checkpoints=50,
+    figure_reps=2,
+)
+
+
+def sub_seed(*parts: object) -> int:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+# ---------------------------------------------------------------------------------------
+# Noise for experiments
+
+
+class MemoNoise:
+    """Keyed semantics, fast: the first draw of (node, scale) is remembered and returned on
+    every later request (a lazily sampled random oracle, like KeyedNoise). Draws are
+    G1 - G2, G geometric with success 1 - exp(-1/b) (numpy, pooled per scale): discrete
+    Laplace up to the float rounding of p. NOT for production."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._memo: dict[NodeId, tuple[Fraction, int]] = {}
+        self._other: dict[tuple[NodeId, Fraction], int] = {}
+        self._pool: dict[Fraction, list] = {}
+
+    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
+        entry = self._memo.get(node)
+        if entry is not None and (entry[0] is scale or entry[0] == scale):
+            return entry[1]
+        if entry is not None:  # the same node at another scale: an independent draw
+            value = self._other.get((node, scale))
+            if value is None:
+                value = self._other[(node, scale)] = self._draw(scale)
+            return value
+        value = self._draw(scale)
+        self._memo[node] = (scale, value)
+        return value
+
+    def _draw(self, scale: Fraction) -> int:
+        pool = self._pool.get(scale)
+        if pool is None or pool[1] >= len(pool[0]):
+            p = -math.expm1(-1 / float(scale))
+            draws = self._rng.geometric(p, 2048) - self._rng.geometric(p, 2048)
+            pool = [draws.tolist(), 0]
+            self._pool[scale] = pool
+        value = pool[0][pool[1]]
+        pool[1] += 1
+        return int(value)
+
+
+# ---------------------------------------------------------------------------------------
+# Data and the simulated stage 1
+
+
+def per_user_totals(dist: str, users: int, rng: np.random.Generator) -> np.ndarray:
+    """Items per user on [1024]: uniform; Gaussian mu = 50, sigma = 30 rounded and clipped;
+    Zipf f(x) ~ (x + 10)^-1 (spec 001 section 5)."""
+    if dist == "unif":
+        return rng.integers(1, 1025, users)
+    if dist == "gauss":
+        return np.clip(np.rint(rng.normal(50, 30, users)), 1, 1024).astype(np.int64)
+    x = np.arange(1, 1025)
+    p = 1.0 / (x + 10.0)
+    return rng.choice(x, users, p=p / p.sum())
+
+
+@dataclass
+class Stream:
+    """One query's data after the simulated stage 1 (all per tick, tick index 0 = t 1)."""
+
+    dist: str
+    query: str
+    ticks: int
+    kappa: int
+    events: int
+    users: int
+    crossings: np.ndarray  # (T, J): users crossing 2^j in the tick
+    bands: np.ndarray  # (T, B) count units per band, or (T, B, R) per band and value
+    truth: np.ndarray  # (T,) true value (count, max-f, F_0) or max item
+    value_counts: np.ndarray | None  # (T, R) cumulative counts per value (max)
+    reached: np.ndarray | None  # (T, R) users whose running max reached >= r (max)
+    f0_units: list[tuple[int, ...]] | None  # signed first-occurrence units per tick
+    prep_seconds: float
+
+
+def _ranks(users: np.ndarray) -> np.ndarray:
+    """Each event's rank within its user's events, in stream order (1-based)."""
+    order = np.argsort(users, kind="stable")
+    sorted_users = users[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_users)) + 1]
+    run_start = np.repeat(starts, np.diff(np.r_[starts, len(users)]))
+    ranks = np.empty(len(users), dtype=np.int64)
+    ranks[order] = np.arange(len(users)) - run_start + 1
+    return ranks
+
+
+@lru_cache(maxsize=2)
+def base_stream(dist: str, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """(users, ticks) of the dataset: shuffled tokens, the first N kept, N/T per tick."""
+    rng = np.random.Generator(np.random.PCG64(sub_seed(cfg.seed, dist, "users")))
+    totals = per_user_totals(dist, cfg.users, rng)
+    tokens = np.repeat(np.arange(cfg.users), totals)
+    rng.shuffle(tokens)
+    tokens = tokens[: cfg.events]
+    ticks = (np.arange(len(tokens)) * cfg.ticks) // len(tokens)
+    return tokens, ticks
+
+
+@lru_cache(maxsize=4)
+def make_stream(dist: str, query: str, cfg: Config) -> Stream:
+    started = time.perf_counter()
+    users, ticks = base_stream(dist, cfg)
+    n, T = len(users), cfg.ticks  # noqa: N806
+    rng = np.random.Generator(np.random.PCG64(sub_seed(cfg.seed, dist, query, "values")))
+    domain = {"count": cfg.maxf_bins, "maxf": cfg.maxf_bins, "max": MAX_DOMAIN}.get(
+        query, F0_DOMAIN
+    )
+    if query in ("count", "maxf"):
+        # Zipf on [1000] with a = 0, b = 2 (the same values serve both queries).
+        rng = np.random.Generator(np.random.PCG64(sub_seed(cfg.seed, dist, "zipf-values")))
+        x = np.arange(1, domain + 1)
+        p = x**-2.0
+        values = rng.choice(x, n, p=p / p.sum())
+    elif query == "max":
+        values = rng.integers(1, MAX_DOMAIN + 1, n)
+        order = np.argsort(values, kind="stable")  # the stream REORDERED by value
+        users, values = users[order], values[order]
+    else:
+        values = rng.integers(1, F0_DOMAIN + 1, n)
+    ranks = _ranks(users)
+    bands = np.ceil(np.log2(ranks)).astype(np.int64)
+    nb = int(bands.max()) + 1
+    crossing = (ranks >= 2) & (((ranks - 1) & (ranks - 2)) == 0)
+    j = np.log2(np.maximum(ranks[crossing] - 1, 1)).astype(np.int64)
+    cross = np.zeros((T, nb), dtype=np.int64)
+    np.add.at(cross, (ticks[crossing], j), 1)
+    kappa = int(np.bincount(users).max())
+    value_counts = reached = f0_units = None
+    if query == "count":
+        band_arr = np.zeros((T, nb), dtype=np.int64)
+        np.add.at(band_arr, (ticks, bands), 1)
+        truth = np.cumsum(np.bincount(ticks, minlength=T))
+    elif query in ("maxf", "max"):
+        band_arr = np.bincount(
+            (ticks * nb + bands) * domain + values - 1, minlength=T * nb * domain
+        ).reshape(T, nb, domain)
+        per_value = np.cumsum(
+            np.bincount(ticks * domain + values - 1, minlength=T * domain).reshape(T, domain),
+            axis=0,
+        )
+        if query == "maxf":
+            truth = per_value.max(axis=1)
+        else:
+            value_counts = per_value
+            truth = np.array([ks.true_kth(row, 1) for row in per_value.tolist()])
+            # The stream is sorted by value, so a user's running max is their last value.
+            previous = _previous_value_of_user(users, values)
+            diff = np.zeros((T, domain + 2), dtype=np.int64)
+            raised = values > previous
+            np.add.at(diff, (ticks[raised], previous[raised] + 1), 1)
+            np.add.at(diff, (ticks[raised], values[raised] + 1), -1)
+            reached = np.cumsum(diff, axis=1)[:, 1 : domain + 1]
+    else:
+        band_arr = None
+        first = np.unique(values, return_index=True)[1]
+        truth = np.cumsum(np.bincount(ticks[first], minlength=T))
+        f0_units = _first_occurrence_units(ticks, bands, values, T)
+    return Stream(
+        dist=dist,
+        query=query,
+        ticks=T,
+        kappa=kappa,
+        events=n,
+        users=int(len(np.unique(users))),
+        crossings=cross,
+        bands=band_arr if band_arr is not None else np.zeros((T, 0)),
+        truth=np.asarray(truth),
+        value_counts=value_counts,
+        reached=reached,
+        f0_units=f0_units,
+        prep_seconds=time.perf_counter() - started,
+    )
+
+
+def _previous_value_of_user(users: np.ndarray, values: np.ndarray) -> np.ndarray:
+    order = np.argsort(users, kind="stable")
+    su, sv = users[order], values[order]
+    prev = np.r_[0, sv[:-1]]
+    prev[np.r_[True, su[1:] != su[:-1]]] = 0
+    out = np.empty_like(values)
+    out[order] = prev
+    return out
+
+
+def _first_occurrence_units(
+    ticks: np.ndarray,
+    bands: np.ndarray,
+    values: np.ndarray,
+    T: int,  # noqa: N803
+) -> list[tuple[int, ...]]:
+    """Stage 2's value table m(v) over the stream, one tick at a time (the operator's
+    ``first_occurrence_units``)."""
+    order = np.lexsort((bands, ticks))
+    t_sorted, b_sorted, v_sorted = ticks[order], bands[order], values[order]
+    bounds = np.searchsorted(t_sorted, np.arange(T + 1))
+    table: dict[int, int] = {}
+    out = []
+    for t in range(T):
+        lo, hi = bounds[t], bounds[t + 1]
+        tb, tv = b_sorted[lo:hi], v_sorted[lo:hi].tolist()
+        cuts = np.searchsorted(tb, np.arange(int(tb.max()) + 2)) if hi > lo else [0]
+        by_band = [tv[cuts[b] : cuts[b + 1]] for b in range(len(cuts) - 1)]
+        updates, units = dc.first_occurrence_units(table, by_band)
+        table.update(updates)
+        out.append(units)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Runs
+
+
+def checkpoint_ticks(cfg: Config) -> list[int]:
+    return sorted(
+        {max(1, round(c * cfg.ticks / cfg.checkpoints)) for c in range(1, cfg.checkpoints + 1)}
+    )
+
+
+def _rows(arr: np.ndarray, t: int) -> list[list[int]]:
+    return arr[t].tolist()
+
+
+def _trim(row: list[int]) -> list[int]:
+    while row and row[-1] == 0:
+        row.pop()
+    return row
+
+
+@dataclass(frozen=True)
+class Task:
+    dist: str
+    query: str
+    mech: str
+    rep: int
+    epsilon: Fraction
+    cfg: Config
+
+
+def run_task(task: Task) -> tuple[Task, np.ndarray, np.ndarray, float, dict]:
+    """One run: (task, errors at the checkpoints, released values, seconds, info)."""
+    cfg = task.cfg
+    stream = make_stream(task.dist, task.query, cfg)
+    seed = sub_seed(cfg.seed, task.dist, task.query, task.mech, task.rep, task.epsilon)
+    noise = MemoNoise(seed)
+    marks = set(checkpoint_ticks(cfg))
+    eps = task.epsilon
+    name = f"{task.query}-{task.mech}"
+    info: dict = {}
+    tau = FIXED_TAU
+    if task.mech == "random":
+        tau = bl.random_tau(np.random.Generator(np.random.PCG64(seed)))
+        if cfg.runs(task.query, "random") == len(bl.RANDOM_TAU_CANDIDATES):
+            # every candidate once: the exact average over the random tau
+            tau = bl.RANDOM_TAU_CANDIDATES[task.rep]
+        info["tau"] = tau
+    stepper = _stepper(task, stream, eps, name, tau, noise)
+    errors, released = [], []
+    taus: list[int] = []
+    started = time.perf_counter()
+    for t in range(stream.ticks):
+        value, current_tau = stepper(t)
+        if t + 1 in marks:
+            released.append(value)
+            taus.append(current_tau)
+            errors.append(_error(task.query, stream, t, value))
+    seconds = time.perf_counter() - started
+    info["taus"] = taus
+    return task, np.asarray(errors, dtype=float), np.asarray(released, dtype=float), seconds, info
+
+
+def _error(query: str, stream: Stream, t: int, value: int) -> float:
+    if query == "max":
+        assert stream.value_counts is not None
+        return ks.rank_error(stream.value_counts[t].tolist(), 1, value)
+    return abs(value - float(stream.truth[t]))
+
+
+def _stepper(
+    task: Task, stream: Stream, eps: Fraction, name: str, tau: int, noise: MemoNoise
+) -> Callable[[int], tuple[int, int]]:
+    """A closure advancing the mechanism one tick: t (0-based) -> (released value, tau)."""
+    q, T = task.query, stream.ticks  # noqa: N806
+    mech = {"ours_half": "ours", "advcomp_paper": "advcomp"}.get(task.mech, task.mech)
+    horizon = PAPER_T if task.mech == "advcomp_paper" else T
+    halve = task.mech == "ours_half"
+    cross = stream.crossings
+
+    def crossings(t: int) -> list[int]:
+        return _trim(cross[t].tolist())
+
+    if q in ("count", "maxf"):
+        bins = stream.bands.shape[2] if q == "maxf" else 1
+
+        def bands(t: int) -> list[list[int]]:
+            if q == "count":
+                return [[v] for v in _trim(stream.bands[t].tolist())]
+            return stream.bands[t].tolist()
+
+        def output(values: tuple[int, ...]) -> int:
+            return max(values) if q == "maxf" else values[0]
+
+        statistic = "histogram" if q == "maxf" else "count"
+        if mech == "ours":
+            spec = ul.make_user_level(name, eps, BETA, THETA, bins=bins, practical=True)
+            box = [ul.init(spec)]
+
+            def step(t: int) -> tuple[int, int]:
+                box[0], rel = ul.step(spec, box[0], bands(t), crossings(t), noise)
+                return output(rel.values), rel.tau
+
+            return step
+        if mech == "advcomp":
+            aspec = bl.make_advcomp(
+                name, statistic, eps, horizon, delta=DELTA, beta=BETA, bins=bins
+            )
+            abox = [bl.advcomp_init(aspec)]
+
+            def astep(t: int) -> tuple[int, int]:
+                abox[0], rel = bl.advcomp_step(aspec, abox[0], bands(t), crossings(t), noise)
+                return output(rel.values), rel.tau
+
+            return astep
+        fspec = bl.make_fixed_tau(name, statistic, eps, tau, bins=bins)
+        fbox = [bl.fixed_tau_init(fspec)]
+
+        def fstep(t: int) -> tuple[int, int]:
+            fbox[0], rel = bl.fixed_tau_step(fspec, fbox[0], bands(t), noise)
+            return output(rel.values), tau
+
+        return fstep
+    if q == "f0":
+        units = stream.f0_units
+        assert units is not None
+        if mech == "ours":
+            dspec = dc.make_distinct_count(name, eps, BETA, THETA, practical=True)
+            dbox = [dc.init(dspec)]
+
+            def dstep(t: int) -> tuple[int, int]:
+                dbox[0], rel = dc.step(dspec, dbox[0], units[t], crossings(t), noise)
+                return rel.value, rel.tau
+
+            return dstep
+        if mech == "advcomp":
+            aspec = bl.make_advcomp(name, "distinct_count", eps, horizon, delta=DELTA, beta=BETA)
+            abox = [bl.advcomp_init(aspec)]
+
+            def astep(t: int) -> tuple[int, int]:
+                rows = [[u] for u in units[t]]
+                abox[0], rel = bl.advcomp_step(aspec, abox[0], rows, crossings(t), noise)
+                return rel.value, rel.tau
+
+            return astep
+        fspec = bl.make_fixed_tau(name, "distinct_count", eps, tau)
+        fbox = [bl.fixed_tau_init(fspec)]
+
+        def fstep(t: int) -> tuple[int, int]:
+            fbox[0], rel = bl.fixed_tau_step(fspec, fbox[0], [[u] for u in units[t]], noise)
+            return rel.value, tau
+
+        return fstep
+    # max: k-selection with k = 1
+    if mech == "ours":
+        kspec = ks.make_k_selection(
+            name,
+            MAX_DOMAIN,
+            eps,
+            BETA,
+            THETA,
+            k=1,
+            dyadic=False,
+            practical=True,
+            halve_delta=halve,
+            delta_mode="chernoff",
+        )
+        kbox = [ks.init(kspec)]
+
+        def kstep(t: int) -> tuple[int, int]:
+            kbox[0], rel = ks.step(kspec, kbox[0], stream.bands[t].tolist(), crossings(t), noise)
+            return rel.value, rel.taus[0]
+
+        return kstep
+    if mech == "advcomp":
+        mspec = bl.make_advcomp_max(name, MAX_DOMAIN, eps, horizon, delta=DELTA, beta=BETA)
+        mbox = [bl.advcomp_max_init(mspec)]
+        reached = stream.reached
+        assert reached is not None
+
+        def mstep(t: int) -> tuple[int, int]:
+            mbox[0], rel = bl.advcomp_max_step(mspec, mbox[0], reached[t].tolist(), noise)
+            return rel.value, 0
+
+        return mstep
+    fkspec = bl.make_fixed_tau_k_selection(
+        name, MAX_DOMAIN, eps, BETA, tau, dyadic=False, delta_mode="chernoff"
+    )
+    fkbox = [bl.fixed_tau_k_selection_init(fkspec)]
+
+    def fkstep(t: int) -> tuple[int, int]:
+        fkbox[0], rel = bl.fixed_tau_k_selection_step(
+            fkspec, fkbox[0], stream.bands[t].tolist(), noise
+        )
+        return rel.value, tau
+
+    return fkstep
+
+
+# ---------------------------------------------------------------------------------------
+# Aggregation
+
+
+def trimmed_mean(values: np.ndarray, cut: float = 0.2) -> float:
+    """Drop the 20% largest and 20% smallest, average the rest (inf if an inf remains)."""
+    ordered = np.sort(values)
+    k = int(math.floor(cut * len(ordered)))
+    kept = ordered[k : len(ordered) - k] if len(ordered) > 2 * k else ordered
+    return float(np.mean(kept))
+
+
+def relative_errors(errors: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
+    """Per checkpoint: trimmed mean over runs / truth, in %."""
+    stacked = np.vstack(errors)
+    return np.array([100 * trimmed_mean(stacked[:, c]) / truth[c] for c in range(stacked.shape[1])])
+
+
+def tasks_for(cfg: Config) -> Iterator[Task]:
+    for dist in DISTS:
+        for query in QUERIES:
+            mechs = [*MECHS, *(m for m, qs in EXTRA.items() if query in qs)]
+            for mech in mechs:
+                for rep in range(cfg.runs(query, mech)):
+                    yield Task(dist, query, mech, rep, cfg.epsilon, cfg)
+    for eps in cfg.figure_epsilons:
+        if eps == cfg.epsilon:
+            continue
+        for query in ("count", "max"):
+            for mech in MECHS:
+                for rep in range(cfg.figure_reps):
+                    yield Task("unif", query, mech, rep, eps, cfg)
+
+
+COST = {"maxf": 6.0, "max": 2.5, "count": 0.5, "f0": 0.4}
+
+
+def execute(cfg: Config, workers: int) -> tuple[dict, float]:
+    tasks = sorted(tasks_for(cfg), key=lambda t: -COST[t.query])
+    results: dict[tuple[str, str, str, Fraction], list] = {}
+    started = time.perf_counter()
+    if workers <= 1:
+        outputs = map(run_task, tasks)
+        for out in outputs:
+            _collect(results, out)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for out in pool.map(run_task, tasks, chunksize=1):
+                _collect(results, out)
+    return results, time.perf_counter() - started
+
+
+def _collect(results: dict, out: tuple) -> None:
+    task, errors, released, seconds, info = out
+    key = (task.dist, task.query, task.mech, task.epsilon)
+    results.setdefault(key, []).append((errors, released, seconds, info))
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return "∞"
+    if value == 0:
+        return "0"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def summary(cfg: Config, results: dict) -> tuple[dict, dict]:
+    """(dist, query, mech) -> (90%, median) RE in %; and seconds per tick."""
+    table, rt = {}, {}
+    marks = [t - 1 for t in checkpoint_ticks(cfg)]
+    for (dist, query, mech, eps), runs in results.items():
+        if eps != cfg.epsilon:
+            continue
+        stream = make_stream(dist, query, cfg)
+        truth = (
+            np.asarray([stream.value_counts[t].sum() for t in marks], dtype=float)
+            if query == "max" and stream.value_counts is not None
+            else stream.truth[marks].astype(float)
+        )
+        re = relative_errors([r[0] for r in runs], truth)
+        table[(dist, query, mech)] = (float(np.percentile(re, 90)), float(np.median(re)))
+        rt[(dist, query, mech)] = float(np.mean([r[2] for r in runs])) / cfg.ticks
+    return table, rt
+
+
+def table_markdown(table: dict, rt: dict) -> str:
+    header = "| mech | metric | " + " | ".join(f"{QUERY_LABEL[q]} U/G/Z" for q in QUERIES) + " |"
+    lines = [header, "|---|---|" + "---|" * len(QUERIES)]
+    for mech in MECHS:
+        for label, index in (("90%-max RE%", 0), ("median RE%", 1)):
+            cells = ["/".join(fmt(table[(d, q, mech)][index]) for d in DISTS) for q in QUERIES]
+            lines.append(f"| {MECH_LABEL[mech]} | {label} | " + " | ".join(cells) + " |")
+        cells = ["/".join(f"{rt[(d, q, mech)]:.2g}" for d in DISTS) for q in QUERIES]
+        lines.append(f"| {MECH_LABEL[mech]} | RT s/tick | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paper_markdown() -> str:
+    lines = [
+        "| mech | metric | " + " | ".join(f"{QUERY_LABEL[q]} U/G/Z" for q in QUERIES) + " |",
+        "|---|---|" + "---|" * len(QUERIES),
+    ]
+    for mech in MECHS:
+        for label, index in (("90%-max RE%", 0), ("median RE%", 1)):
+            cells = ["/".join(fmt(v) for v in PAPER[(mech, q)][index]) for q in QUERIES]
+            lines.append(f"| {MECH_LABEL[mech]} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def data_markdown(cfg: Config) -> str:
+    lines = [
+        "| dataset | users | events | κ(D_T) | events/tick | F_0(D_T) | max-f(D_T) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dist in DISTS:
+        count = make_stream(dist, "count", cfg)
+        f0 = make_stream(dist, "f0", cfg)
+        maxf = make_stream(dist, "maxf", cfg)
+        lines.append(
+            f"| {DIST_LABEL[dist]} | {count.users} | {count.events} | {count.kappa} | "
+            f"{count.events / cfg.ticks:.0f} | {int(f0.truth[-1])} | {int(maxf.truth[-1])} |"
+        )
+    return "\n".join(lines)
+
+
+def tau_markdown(cfg: Config, results: dict) -> str:
+    """tau~ of ours at a few checkpoints (median over runs), per dataset."""
+    marks = checkpoint_ticks(cfg)
+    picks = [len(marks) // 10 - 1, len(marks) // 4 - 1, len(marks) // 2 - 1, len(marks) - 1]
+    lines = [
+        "| dataset | query | " + " | ".join(f"τ~ at t={marks[i]}" for i in picks) + " |",
+        "|---|---|" + "---|" * len(picks),
+    ]
+    for dist in DISTS:
+        for query in ("count", "f0"):
+            runs = results[(dist, query, "ours", cfg.epsilon)]
+            taus = np.array([r[3]["taus"] for r in runs])
+            cells = [str(int(np.median(taus[:, i]))) for i in picks]
+            lines.append(
+                f"| {DIST_LABEL[dist]} | {QUERY_LABEL[query]} | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines)
+
+
+def figure(cfg: Config, results: dict) -> list[Path]:
+    marks = checkpoint_ticks(cfg)
+    idx = [t - 1 for t in marks]
+    epsilons = sorted({key[3] for key in results if key[0] == "unif"})
+    colors = {"ours": "tab:red", "advcomp": "tab:purple", "random": "tab:gray", "fixed": "tab:blue"}
+    paths = []
+    fig, axes = plt.subplots(2, len(epsilons), figsize=(4.6 * len(epsilons), 7.5), squeeze=False)
+    stream_c = make_stream("unif", "count", cfg)
+    stream_m = make_stream("unif", "max", cfg)
+    for col, eps in enumerate(epsilons):
+        ax = axes[0][col]
+        for mech in MECHS:
+            runs = results.get(("unif", "count", mech, eps))
+            if not runs:
+                continue
+            stacked = np.vstack([r[0] for r in runs])
+            err = [trimmed_mean(stacked[:, c]) for c in range(stacked.shape[1])]
+            ax.plot(marks, err, color=colors[mech], label=MECH_LABEL[mech], lw=1.2)
+        ax.plot(marks, stream_c.truth[idx], color="black", ls=":", lw=1, label="true count")
+        ax.set_yscale("log")
+        ax.set_title(f"F_cnt error, Unif, ε={float(eps):g}")
+        ax.set_xlabel("tick t")
+        ax.grid(True, which="both", alpha=0.3)
+        if col == 0:
+            ax.set_ylabel("trimmed-mean |error|")
+            ax.legend(fontsize=7)
+        ax = axes[1][col]
+        ax.plot(marks, stream_m.truth[idx], color="black", lw=2, label="true max")
+        for mech in MECHS:
+            runs = results.get(("unif", "max", mech, eps))
+            if not runs:
+                continue
+            stacked = np.vstack([r[1] for r in runs])
+            ax.plot(
+                marks,
+                np.median(stacked, axis=0),
+                color=colors[mech],
+                lw=1.2,
+                label=MECH_LABEL[mech],
+            )
+        ax.set_title(f"F_max released (median over runs), Unif, ε={float(eps):g}")
+        ax.set_xlabel("tick t")
+        ax.set_ylim(-0.5, MAX_DOMAIN + 0.5)
+        ax.grid(True, alpha=0.3)
+        if col == 0:
+            ax.set_ylabel("value")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = IMG / "user-level-fig3.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    # Relative error over time, every query, epsilon = cfg.epsilon, Unif
+    fig, axes = plt.subplots(1, len(QUERIES), figsize=(4.4 * len(QUERIES), 3.8), squeeze=False)
+    for col, query in enumerate(QUERIES):
+        ax = axes[0][col]
+        stream = make_stream("unif", query, cfg)
+        truth = (
+            np.asarray([stream.value_counts[t].sum() for t in idx], dtype=float)
+            if query == "max" and stream.value_counts is not None
+            else stream.truth[idx].astype(float)
+        )
+        for mech in MECHS:
+            runs = results.get(("unif", query, mech, cfg.epsilon))
+            if not runs:
+                continue
+            re = relative_errors([r[0] for r in runs], truth)
+            ax.plot(marks, np.minimum(re, 1e4), color=colors[mech], lw=1.2, label=MECH_LABEL[mech])
+        ax.set_yscale("log")
+        ax.set_title(f"{QUERY_LABEL[query]} RE %, Unif, ε={float(cfg.epsilon):g}")
+        ax.set_xlabel("tick t")
+        ax.grid(True, which="both", alpha=0.3)
+        if col == 0:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = IMG / "user-level-re.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--events", type=int, default=None)
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--no-write", action="store_true", help="print, do not write docs")
+    args = parser.parse_args()
+    cfg = QUICK if args.quick else Config()
+    if args.events:
+        cfg = replace(cfg, events=args.events)
+    if args.reps:
+        cfg = replace(cfg, reps=args.reps)
+    results, seconds = execute(cfg, args.workers)
+    table, rt = summary(cfg, results)
+    doc = render(cfg, args, table, rt, results, seconds)
+    if args.no_write:
+        print(doc)
+        return
+    figure(cfg, results)
+    DOC.write_text(doc)
+    print(doc)
+
+
+def render(
+    cfg: Config, args: argparse.Namespace, table: dict, rt: dict, results: dict, seconds: float
+) -> str:
+    command = COMMAND + (" --quick" if args.quick else "")
+    if args.workers != 2:
+        command += f" --workers {args.workers}"
+    return f"""# User-level continual statistics: the simulated experiment (spec 001 §5)
+
+Generated by `experiments/user_level.py` ({seconds:.0f} s, {args.workers} worker
+processes, Python {platform.python_version()}, {os.cpu_count()} cores); regenerate with
+
+    {command}
+
+TABLE
+
+{table_markdown(table, rt)}
+
+{data_markdown(cfg)}
+
+{tau_markdown(cfg, results)}
+"""
+
+
+if __name__ == "__main__":
+    main()
