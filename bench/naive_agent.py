@@ -7,10 +7,20 @@ Run by ``bench/throughput.py`` in a subprocess of its own:
 Same Faust version, transport (aiokafka), app settings and raw serializers as dpstream's
 worker (``pipeline/app.py``), one agent on the input topic: per record it reads the
 ``dpstream`` header, skips tick markers, ``orjson.loads`` the value and counts its events
-(an envelope's array length). No tables, no outputs. When ``N`` events have been counted
-it writes ``{"events", "records", "seconds", "cpu_seconds"}`` to ``F`` (``seconds`` from
-the first record the agent saw to the N-th event; ``cpu_seconds`` the process's CPU time,
-all threads, over the same span) and keeps running until the harness stops it.
+(an envelope's array length). No tables, no outputs. With ``--tables`` it also does stage 1's
+state writes without any DP logic: per record, one write to a Faust table (memory store,
+changelogged) per distinct user (``u:<user>`` -> a small dict with a count) and one per
+partition (``p:<partition>``), the write pattern of ``pipeline/app.py``'s stage 1, to
+separate what the state writes cost from what the DP work costs. ``--tables batched``
+makes the same writes into the table's local store directly and sends their changelog
+entries (same topic, partition, keys, values and order) as ONE aiokafka record batch per
+input record, instead of one Faust ``send_soon`` per write: an experiment for the hot
+path (Faust's own recovery would read those entries back; not exercised here).
+
+When ``N`` events have been counted it writes ``{"events", "records", "seconds",
+"cpu_seconds"}`` to ``F`` (``seconds`` from the first record the agent saw to the N-th
+event; ``cpu_seconds`` the process's CPU time, all threads, over the same span) and keeps
+running until the harness stops it.
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ if __package__ in (None, ""):
 from dpstream.pipeline.records import BATCH, TICK, header_kind  # noqa: E402
 
 
-def build_app(bootstrap: str, topic_name: str, partitions: int, expect: int, result: Path):
+def build_app(
+    bootstrap: str, topic_name: str, partitions: int, expect: int, result: Path, tables: str
+):
     import faust
 
     from dpstream.pipeline.app import broker_urls
@@ -51,6 +63,22 @@ def build_app(bootstrap: str, topic_name: str, partitions: int, expect: int, res
         topic_name, partitions=partitions, key_serializer="raw", value_serializer="raw"
     )
     state = {"events": 0, "records": 0, "first": None, "cpu0": 0.0, "done": False}
+    table = app.Table("state", partitions=partitions, key_type=str) if tables != "none" else None
+
+    async def write_batched(writes: list[tuple[str, dict]], partition: int) -> None:
+        producer = app.producer._ensure_producer()  # the aiokafka producer Faust runs
+        topic = table.changelog_topic.get_topic_name()
+        batch = producer.create_batch()
+        for key, value in writes:
+            table.data[key] = value  # the memory store; no Faust changelog send
+            k, v = orjson.dumps(key), orjson.dumps(value)
+            if batch.append(key=k, value=v, timestamp=None) is None:
+                batch.close()
+                await producer.send_batch(batch, topic, partition=partition)
+                batch = producer.create_batch()
+                batch.append(key=k, value=v, timestamp=None)
+        batch.close()
+        await producer.send_batch(batch, topic, partition=partition)
 
     @app.agent(topic, name="naive")
     async def count(stream):
@@ -64,6 +92,20 @@ def build_app(bootstrap: str, topic_name: str, partitions: int, expect: int, res
             obj = orjson.loads(event.value)
             state["events"] += len(obj) if kind == BATCH else 1
             state["records"] += 1
+            if table is not None:
+                msg = event.message
+                users = {e["user_id"] for e in obj} if kind == BATCH else {obj["user_id"]}
+                writes = []
+                for user in users:
+                    key = f"u:{user}"
+                    entry = table.get(key) or {"n": 0, "offset": -1}
+                    writes.append((key, {"n": entry["n"] + 1, "offset": msg.offset}))
+                writes.append((f"p:{msg.partition}", {"last_offset": msg.offset}))
+                if tables == "batched":
+                    await write_batched(writes, msg.partition)
+                else:
+                    for key, value in writes:
+                        table[key] = value
             if state["events"] >= expect and not state["done"]:
                 state["done"] = True
                 out = {
@@ -87,10 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect", type=int, required=True, help="events to count")
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--loglevel", default="info")
+    parser.add_argument(
+        "--tables", choices=["none", "faust", "batched"], default="none", help="see above"
+    )
     args = parser.parse_args(argv)
     import faust
 
-    app = build_app(args.bootstrap, args.topic, args.partitions, args.expect, args.result)
+    app = build_app(
+        args.bootstrap, args.topic, args.partitions, args.expect, args.result, args.tables
+    )
     worker = faust.Worker(app, loglevel=args.loglevel, quiet=True, override_logging=True)
     worker.execute_from_commandline()
     return 0

@@ -64,11 +64,21 @@ from dpstream.config.schema import PipelineConfig, parse_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "DPSTREAM_BENCH_KEY"
-CONTENDERS = ("aiokafka", "confluent", "faust-naive", "dpstream")
+CONTENDERS = (
+    "aiokafka",
+    "confluent",
+    "faust-naive",
+    "faust-tables",
+    "faust-batched",
+    "dpstream",
+)
+EXPERIMENTS = ("faust-tables", "faust-batched")  # not in --quick
 LABELS = {
     "aiokafka": "aiokafka consumer + orjson (ceiling)",
     "confluent": "confluent-kafka consumer + orjson",
     "faust-naive": "naive Faust agent (parse + count)",
+    "faust-tables": "naive agent + stage 1's table writes, no DP",
+    "faust-batched": "same writes, changelog sent as 1 batch per record",
     "dpstream": "dpstream pipeline (stage 1 + 2 + releases)",
 }
 # Set from --worker-loglevel in main(): the dpstream worker's and the naive agent's level.
@@ -315,13 +325,13 @@ def run_ceiling(client: str, bootstrap: str, ds: Dataset) -> dict:
     return res
 
 
-def run_naive(bootstrap: str, ds: Dataset, workdir: Path) -> dict:
+def run_naive(bootstrap: str, ds: Dataset, workdir: Path, tables: str = "none") -> dict:
     result = workdir / f"naive-{uuid.uuid4().hex[:8]}.json"
     logf = result.with_suffix(".log")
     cmd = [sys.executable, "-m", "bench.naive_agent", "--bootstrap", bootstrap]
     cmd += ["--topic", ds.topic, "--partitions", str(ds.partitions)]
     cmd += ["--expect", str(ds.events), "--result", str(result)]
-    cmd += ["--loglevel", WORKER["loglevel"]]
+    cmd += ["--loglevel", WORKER["loglevel"], "--tables", tables]
     with open(logf, "wb") as fh:
         proc = subprocess.Popen(  # noqa: S603 - fixed argument list
             cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT
@@ -801,6 +811,16 @@ def targets_section(res: Results) -> str:
                 "| single-event records: DP work adds <= 20% over the naive Faust agent "
                 f"(time per event) | +{100 * extra:.0f}% | {'yes' if extra <= 0.2 else 'no'} |"
             )
+    for b in res.datasets:
+        tables = res.ratio(b, "faust-tables", "faust-naive")
+        pipe = res.ratio(b, "dpstream", "faust-tables")
+        if tables and pipe:
+            rows.append(
+                f"| (context) {shape_name(b)}: time per event of stage 1's table writes alone "
+                f"over the naive agent; of the pipeline over those writes | "
+                f"+{100 * (1 / median(tables) - 1):.0f}%; +{100 * (1 / median(pipe) - 1):.0f}%"
+                " | - |"
+            )
     for r in res.latency:
         ok = r["kept_up"] and r["p99"] < 2 * args.tick
         rows.append(
@@ -1051,7 +1071,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", default="100", help="envelope sizes, comma-separated (empty: none)")
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--tick", type=float, default=1.0, help="tick interval in seconds")
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument(
+        "--contenders",
+        help=f"comma-separated, from {','.join(CONTENDERS)} (default all; quick: not "
+        f"{' and '.join(EXPERIMENTS)})",
+    )
     p.add_argument("--latency-rate", type=float, default=10_000)
     p.add_argument("--latency-seconds", type=float, help="default 30; quick 10")
     p.add_argument("--latency-wait", type=float, help="max wait for the last release")
@@ -1084,6 +1108,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.batches = [int(b) for b in args.batch.split(",") if b.strip()]
     args.latency_batches = [int(b) for b in args.latency_batch.split(",") if b.strip()]
     args.memory_list = [int(u) for u in args.memory_users.split(",") if u.strip()]
+    if args.contenders is None:
+        args.contenders = ",".join(c for c in CONTENDERS if not (q and c in EXPERIMENTS))
     args.contenders = [c for c in args.contenders.split(",") if c]
     args.profile_tools = [t for t in args.profile_tools.split(",") if t]
     if set(args.profile_tools) - {"pyspy", "cprofile"}:
@@ -1140,8 +1166,9 @@ def main(argv: list[str] | None = None) -> int:
                 for contender in args.contenders:
                     if contender in ("aiokafka", "confluent"):
                         r = run_ceiling(contender, bootstrap, ds)
-                    elif contender == "faust-naive":
-                        r = run_naive(bootstrap, ds, args.workdir)
+                    elif contender.startswith("faust-"):
+                        tables = {"faust-tables": "faust", "faust-batched": "batched"}
+                        r = run_naive(bootstrap, ds, args.workdir, tables.get(contender, "none"))
                     else:
                         r = run_pipeline(bootstrap, base, ds, args.workdir, args.tick, env)
                     r.update(run=run, batch=batch, contender=contender)

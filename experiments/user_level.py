@@ -41,7 +41,9 @@ import argparse
 import hashlib
 import math
 import os
+import pickle
 import platform
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -66,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "user-level.md"
 IMG = ROOT / "docs" / "img"
 COMMAND = ".venv/bin/python experiments/user_level.py"
+CACHE_DIR = Path(tempfile.gettempdir()) / "dpstream-experiments"
 
 DISTS = ("unif", "gauss", "zipf")
 DIST_LABEL = {"unif": "Unif", "gauss": "Gaus", "zipf": "Zipf"}
@@ -663,14 +666,23 @@ def summary(cfg: Config, results: dict) -> tuple[dict, dict]:
     return table, rt
 
 
-def table_markdown(table: dict, rt: dict) -> str:
+def table_markdown(table: dict, rt: dict, mechs: tuple[str, ...] = MECHS) -> str:
     header = "| mech | metric | " + " | ".join(f"{QUERY_LABEL[q]} U/G/Z" for q in QUERIES) + " |"
     lines = [header, "|---|---|" + "---|" * len(QUERIES)]
-    for mech in MECHS:
+
+    def cell(q: str, mech: str, index: int) -> str:
+        if (DISTS[0], q, mech) not in table:
+            return "–"
+        return "/".join(fmt(table[(d, q, mech)][index]) for d in DISTS)
+
+    for mech in mechs:
         for label, index in (("90%-max RE%", 0), ("median RE%", 1)):
-            cells = ["/".join(fmt(table[(d, q, mech)][index]) for d in DISTS) for q in QUERIES]
+            cells = [cell(q, mech, index) for q in QUERIES]
             lines.append(f"| {MECH_LABEL[mech]} | {label} | " + " | ".join(cells) + " |")
-        cells = ["/".join(f"{rt[(d, q, mech)]:.2g}" for d in DISTS) for q in QUERIES]
+        cells = [
+            "/".join(f"{rt[(d, q, mech)]:.2g}" for d in DISTS) if (DISTS[0], q, mech) in rt else "–"
+            for q in QUERIES
+        ]
         lines.append(f"| {MECH_LABEL[mech]} | RT s/tick | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -812,13 +824,23 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=None)
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs")
+    parser.add_argument("--reuse", action="store_true", help="re-render from the cached runs")
+    parser.add_argument("--cache", default=None, help="cache file of the raw runs")
     args = parser.parse_args()
     cfg = QUICK if args.quick else Config()
     if args.events:
         cfg = replace(cfg, events=args.events)
     if args.reps:
         cfg = replace(cfg, reps=args.reps)
-    results, seconds = execute(cfg, args.workers)
+    cache = Path(args.cache) if args.cache else CACHE_DIR / f"user-level-{sub_seed(cfg):x}.pkl"
+    if args.reuse and cache.exists():
+        with cache.open("rb") as fh:
+            results, seconds = pickle.load(fh)  # noqa: S301 - our own file
+    else:
+        results, seconds = execute(cfg, args.workers)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with cache.open("wb") as fh:
+            pickle.dump((results, seconds), fh)
     table, rt = summary(cfg, results)
     doc = render(cfg, args, table, rt, results, seconds)
     if args.no_write:

@@ -1223,11 +1223,6 @@ def arrivals(events: Iterable[tuple[Hashable, float | int | Fraction]]) -> list[
     return [[event] for event in events]
 
 
-def levels_of(spec: ContinualMeanSpec) -> range:
-    """Levels 0..L."""
-    return range(spec.levels + 1)
-
-
 def scales(spec: ContinualMeanSpec) -> tuple[Fraction, ...]:
     """Node noise scale of BinMech[l] in grid units, levels 0..L."""
     return tuple(t.scale for t in spec.trees)

@@ -20,10 +20,11 @@ Options (all public, fixed in the spec):
   "bisect" (O(log^2 R): some r with S(r) passing and S(r + 1) failing, which is all the
   proof uses, but it can differ from the scan when S is not monotone). Default: scan.
 * ``delta_mode``: "eq3", Delta of eq. (3) (Noise_U per level, beta/R: the paper's constant,
-  very loose: at 10^3 ticks and tau~ = 64 it exceeds 10^6), or "chernoff", the exact
-  guaranteed bound of the actual noise of S(r): the Chernoff half-width at miss
-  probability beta/R of the sum of the discrete Laplace terms S(r) is made of (public
-  scales; the union bound over r gives the same all-r guarantee as eq. (3)). "zero" is
+  very loose: at 10^3 ticks and tau~ = 64 it exceeds 10^6), or "chernoff", a guaranteed
+  bound of the actual noise of S(r): the Chernoff half-width at miss probability beta/R
+  of the sum of the discrete Laplace terms S(r) is made of (public scales; exact moment
+  generating functions, minimised over a fixed lambda grid; the union bound over r gives
+  the same all-r guarantee as eq. (3), typically 10^2 times smaller). "zero" is
   the TEST HOOK Delta = 0 of oracle 8 (no one-way guarantee).
 * ``practical`` (section 2.6): tracker from tau = 64 with the shifted series, and the
   threshold k + Delta/2 (``halve_delta``; the one-way guarantee then no longer holds

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import truncation
+from dpstream.operators import truncation, user_level
 from dpstream.operators.noise import CachedNoise, NoiseSource
 
 from .mechanisms import (
@@ -100,19 +100,19 @@ class _Counted:
         """(units, weights) of ``event`` for a user who has sent ``used`` units before.
 
         Fixed tau: "w" = the kept units (Alg. 3, partial for a straddling sum item).
-        User-level: "<stream>b<band>/<bin>" = units by rank band (operators.truncation),
+        User-level: "<stream>b<band>/<bin>" = units by rank band (operators.user_level),
         "<stream>x<j>" = 1 when the user's total passes 2^j (Count(D_t, 2^j) gains the
         user); distinct count: "b<band>/<value>" for the value instead of a bin.
         """
         units = int(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
         if self.fixed is not None:
             return units, {"w": truncation.admit(self.fixed, used, units)}
-        out = {f"{stream}x{j}": 1 for j in truncation.crossings(used, units)}
+        out = {f"{stream}x{j}": 1 for j in user_level.crossed_powers(used, used + units)}
         if self.kind == "distinct":
-            out[f"b{truncation.rank_band(used + 1)}/{event.value!r}"] = 1
+            out[f"b{user_level.rank_band(used + 1)}/{event.value!r}"] = 1
             return units, out
         column = int(event.value) - 1 if self.kind in ("histogram", "kselect") else 0  # type: ignore[arg-type]
-        for band, n in truncation.rank_bands(used, units):
+        for band, n in user_level.band_units(used, units):
             out[f"{stream}b{band}/{column}"] = out.get(f"{stream}b{band}/{column}", 0) + n
         return units, out
 

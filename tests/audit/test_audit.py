@@ -128,21 +128,18 @@ def check(result, claim: float, broken: bool) -> None:
 
 def test_clopper_pearson_inverts_the_binomial_tails():
     n = 40
+
+    def pmf(i: int, p: float) -> float:
+        return math.comb(n, i) * p**i * (1 - p) ** (n - i)
+
     for k in (0, 1, 7, 20, 39, 40):
         lo, hi = clopper_pearson(k, n, 0.05)
-
-        def tail_at_least(p: float) -> float:
-            return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
-
-        def tail_at_most(p: float) -> float:
-            return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
-
-        if k > 0:
-            assert tail_at_least(lo) == pytest.approx(0.025, rel=1e-6)
+        if k > 0:  # P(Bin(n, lo) >= k) = alpha / 2
+            assert sum(pmf(i, lo) for i in range(k, n + 1)) == pytest.approx(0.025, rel=1e-6)
         else:
             assert lo == 0
-        if k < n:
-            assert tail_at_most(hi) == pytest.approx(0.025, rel=1e-6)
+        if k < n:  # P(Bin(n, hi) <= k) = alpha / 2
+            assert sum(pmf(i, hi) for i in range(k + 1)) == pytest.approx(0.025, rel=1e-6)
         else:
             assert hi == 1
     assert beta_cdf(0.3, 2.0, 5.0) == pytest.approx(0.579825, abs=1e-6)

@@ -52,6 +52,7 @@ def test_tiny_run_writes_a_well_formed_table(bootstrap, tmp_path):
         "--latency-seconds=2",
         "--latency-wait=20",
         "--memory-users=",
+        f"--contenders={','.join(CONTENDERS)}",
         f"--out={out}",
         f"--json={results}",
         f"--workdir={tmp_path / 'work'}",

@@ -1057,10 +1057,11 @@ def test_statistical_term_decays_like_one_over_sqrt_t():
 def test_error_within_theorem_3_4_bound():
     """Thm 3.4 (explicit, c = 1, section 3): when (11) holds, |mu^_t - mu| <=
     sqrt(ln(2/delta)/t) + (1/t) ln(1/delta) sqrt(sum_{l <= log M_t} (1 + log n) eta_l^2)
-    w.p. >= 1 - 3 delta. With n = 1024 users x 16 contiguous samples (eps = 1): 40 seeded
-    runs, each releasing at the end; failures must be <= 3 delta = 30% (binomial(40, 0.3)
-    exceeds 22 with probability < 1e-3), and the bound must be the right size (not vacuous
-    by more than 30x)."""
+    w.p. >= 1 - 3 delta. With n = 1024 users x 16 contiguous samples (eps = 1): 40 runs
+    with seeded data (medians at eps' -> infinity: zero noise during the run), each
+    releasing its final state with keyed noise (one key per run); failures must be
+    <= 3 delta = 30% (binomial(40, 0.3) exceeds 22 with probability < 1e-3), and the bound
+    must be the right size (not vacuous by more than 30x)."""
     spec = cm.make_continual_mean(1, 0.1, 1024, 16)
     mu, runs, failures = 0.5, 40, 0
     consts = spec.constants

@@ -45,11 +45,6 @@ def test_example_d_truncation_keeps_the_first_tau_units():
     assert used == {"a": 5, "b": 2}  # counted on the original stream
 
 
-def test_partial_admission_of_a_straddling_item():
-    spec = truncation.make_truncation(4)
-    assert [truncation.admit(spec, u, w) for u, w in [(0, 3), (3, 4), (7, 2)]] == [3, 1, 0]
-
-
 def test_stage1_truncates_per_statistic_and_filters_by_key():
     cfg = config()
     stage1, users = Stage1(cfg), {}
