@@ -140,7 +140,8 @@ class KafkaSecurityConfig(_Model):
                     raise ValueError(f"{name}: only applies to SASL_PLAINTEXT and SASL_SSL")
         if proto not in _TLS:
             for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"):
-                if name in self.model_fields_set:
+                # A default written out (e.g. by model_dump) is not a TLS setting.
+                if getattr(self, name) != type(self).model_fields[name].default:
                     raise ValueError(f"{name}: only applies to SSL and SASL_SSL")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"

@@ -168,9 +168,10 @@ def _summary(cfg, releases, truth) -> None:
         last = releases[s.name][-1]
         true, trunc = truth[s.name].get(last["tick"], (None, None))
         lo, hi = last["interval"]
+        bound = f"tracked tau={last['tau']}" if s.user_level else f"tau={s.tau}"
         print(
             f"  {s.name:<8} released {last['value']} (95% interval {lo:.0f}..{hi:.0f}); "
-            f"true count {true}, after truncation to tau={s.tau}: {trunc}"
+            f"true count {true}, after truncation to {bound}: {trunc}"
         )
 
 
@@ -206,7 +207,9 @@ def _plot(cfg, releases, truth, path: Path) -> None:
             [t[1] for _, t in ok],
             "g:",
             lw=1.2,
-            label=f"truncated count (tau={s.tau})",
+            label="truncated count (tracked tau, zero-noise replay)"
+            if s.user_level
+            else f"truncated count (tau={s.tau})",
         )
         ax.set_title(f"{s.name}: private running count")
         ax.set_xlabel(f"tick ({cfg.ticks.interval_seconds:g}s)")

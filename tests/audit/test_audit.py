@@ -31,9 +31,10 @@ What is claimed, per mechanism (the stream with the user is x, without it x'):
 * contribution tracker, on user-level neighbours: a user above tau_1 = 2 changes only
   SVT 1's query, so the claim is epsilon_1. Counts are monotone in the user, and for
   monotone queries AboveThreshold with threshold noise 2/eps and query noise 4/eps loses at
-  most 3/4 eps (Lyu, Su, Li 2017, Thm 4): halving the noise gives at most 3/2 eps_1 and the
-  event that attains it needs an unbounded horizon, so the halved tracker is caught
-  against the 3/4 eps_1 bound the correct one satisfies (asserted too), not against eps_1;
+  most 3/4 eps (Lyu, Su, Li 2017, Thm 4); the audit asserts that tighter bound. No
+  halved-noise tracker here: on monotone counts it attains only about eps_1 (the
+  threshold's share, doubled) on any event of useful probability, so it cannot be told
+  from the claim; the AboveThreshold audit above catches halved SVT noise;
 * user-level count with a restart (forced tau schedule 2 -> 4, the test hook, so tau is
   public and the tracker draws nothing): instances 1 and 2 each see the user's full
   truncated contribution (2 units, then 4 after re-admission), so the claim is
@@ -245,7 +246,7 @@ def tracker_mechanism(spec: svt.ContributionTrackerSpec, stream: Stream):
         state, out = svt.tracker_init(spec), []
         for t, users in enumerate(stream, 1):
             for user in users:
-                for j in truncation.crossings(used[user], 1):
+                for j in ul.crossed_powers(used[user], used[user] + 1):
                     crossings += [0] * (j + 1 - len(crossings))
                     crossings[j] += 1
                 used[user] += 1
@@ -256,31 +257,29 @@ def tracker_mechanism(spec: svt.ContributionTrackerSpec, stream: Stream):
     return run
 
 
-@pytest.mark.parametrize("broken", [False, True], ids=["correct", "noise_halved"])
-def test_contribution_tracker(broken):
+def test_contribution_tracker():
+    """User-level neighbours give monotone counts: the tracker stays within 3/4 eps_1.
+
+    The halved-noise tracker is not tested: on monotone queries it still attains only
+    about eps_1 on every event a finite horizon offers (its proven bound is 3/2 eps_1, but
+    the events near it have vanishing probability), so no affordable sample separates it
+    from the claim; halved SVT noise is caught by ``test_above_threshold`` instead.
+    """
     # eps = 8: eps_1 = 8/4 = 2 (theta = 1), threshold noise scale 1, query noise 2.
     spec = svt.make_contribution_tracker("tr", 8, Fraction(1, 2))
     eps_1 = float(svt.epsilon_i(spec, 1))
-    # 20 users above tau_1 = 2 at t = 1 (Count(D_t, 2) = 20; the discount is 16 at t = 1
-    # and grows with LOG(t + 1)); USER's 3 events make it 21, and count for no other tau.
-    stream: Stream = [[f"u{i}" for i in range(20) for _ in range(3)]] + [[] for _ in range(5)]
+    # 18 users above tau_1 = 2 at t = 1 (Count(D_t, 2) = 18, against a discount of 16 at
+    # t = 1 growing with LOG(t + 1)); USER's 3 events make it 19 and count for no other tau,
+    # so only SVT 1's queries differ: the pair's claim is eps_1.
+    stream: Stream = [[f"u{i}" for i in range(18) for _ in range(3)]] + [[] for _ in range(3)]
     x = [list(s) for s in stream]
     x[0] += [USER] * 3
     y = without(x, USER)
     result = run_audit(
-        tracker_mechanism(spec, x),
-        tracker_mechanism(spec, y),
-        20_000,
-        seed=51 + broken,
-        broken=broken,
-        linear=False,
+        tracker_mechanism(spec, x), tracker_mechanism(spec, y), 12_000, 51, False, linear=False
     )
-    monotone = 0.75 * eps_1
-    if broken:
-        check(result, monotone, broken=True)
-    else:
-        check(result, monotone, broken=False)  # implies the claim eps_1
-        assert monotone <= eps_1 < float(spec.epsilon)
+    check(result, 0.75 * eps_1, broken=False)  # the monotone bound, below the claim eps_1
+    assert result.eps_hat > 0.25 * eps_1, str(result)  # the audit does see the user
 
 
 def user_level_mechanism(spec: ul.UserLevelSpec, stream: Stream):

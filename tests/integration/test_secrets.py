@@ -223,3 +223,36 @@ def test_without_a_key_the_worker_refuses_to_start(bootstrap, tmp_path):
     missing = tmp_path / "no-such-key"
     err = refuses(bootstrap, tmp_path, {"mode": "keyed", "key_file": str(missing)}, {})
     assert "noise.key_file: cannot read key file" in err
+
+
+def test_the_insecure_mode_needs_no_key_and_stamps_every_release(bootstrap, tmp_path):
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    cfg = parse_config(data)
+    config_path = tmp_path / "insecure.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    clean = {k: v for k, v in os.environ.items() if k != "DPSTREAM_NOISE_KEY"}
+    log_path = tmp_path / "worker.log"
+    proc = subprocess.Popen(  # no key anywhere in its environment
+        [*CLI, "worker", "--config", str(config_path), "--bootstrap", bootstrap],
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=clean,
+    )
+    worker = WorkerProcess(cfg, config_path, log_path, proc)
+    rd = readers(bootstrap, worker)
+    try:
+        producer = make_producer(bootstrap)
+        produce_events(producer, cfg, list(synthetic_events(10, 50, seed=4)))
+        producer.flush(10)
+        wait_until(
+            lambda: all(len(rd[s.name].drain()) >= 3 for s in cfg.statistics),
+            90,
+            "three releases of every statistic",
+            worker,
+        )
+        releases = [r for s in cfg.statistics for r in rd[s.name].drain()]
+    finally:
+        for r in rd.values():
+            r.close()
+        stop_worker(proc)
+    assert releases and all(r["insecure"] == "insecure_zero" for r in releases)

@@ -283,7 +283,8 @@ def test_shipped_demo_config_is_valid():
     from importlib.resources import files
 
     cfg = load_config(files("dpstream.config").joinpath("demo.yaml"))
-    assert [s.name for s in cfg.statistics] == ["events", "clicks"]
+    assert [s.name for s in cfg.statistics] == ["events", "clicks", "events_auto"]
+    assert cfg.statistics[2].user_level and not cfg.statistics[0].user_level
 
 
 def test_yaml_errors_name_the_file(tmp_path):
