@@ -70,15 +70,17 @@ CONTENDERS = (
     "faust-naive",
     "faust-tables",
     "faust-batched",
+    "faust-direct",
     "dpstream",
 )
-EXPERIMENTS = ("faust-tables", "faust-batched")  # not in --quick
+EXPERIMENTS = ("faust-tables", "faust-batched", "faust-direct")  # not in --quick
 LABELS = {
     "aiokafka": "aiokafka consumer + orjson (ceiling)",
     "confluent": "confluent-kafka consumer + orjson",
     "faust-naive": "naive Faust agent (parse + count)",
     "faust-tables": "naive agent + stage 1's table writes, no DP",
     "faust-batched": "same writes, changelog sent as 1 batch per record",
+    "faust-direct": "same writes, changelog sent by aiokafka's send()",
     "dpstream": "dpstream pipeline (stage 1 + 2 + releases)",
 }
 # Set from --worker-loglevel in main(): the dpstream worker's and the naive agent's level.
@@ -158,8 +160,16 @@ def synthetic(users: int, count: int, seed: int) -> Iterator[dict]:
     return synthetic_events(users, count, seed=seed)
 
 
+def cycle_users(users: int, events: int) -> Iterator[dict]:
+    """``events`` events from users 0..users-1 in turn, keys alternating view/click per
+    round (memory runs: the same log length whatever the number of users)."""
+    for i in range(events):
+        u, j = i % users, i // users
+        yield {"user_id": f"user-{u:07d}", "key": "click" if (u + j) % 2 else "view"}
+
+
 def round_robin(users: int, per_user: int) -> Iterator[dict]:
-    """Every user ``per_user`` times, keys alternating view/click (memory runs)."""
+    """Every user ``per_user`` times, keys alternating view/click."""
     for j in range(per_user):
         for u in range(users):
             yield {"user_id": f"user-{u:07d}", "key": "click" if (u + j) % 2 else "view"}
@@ -544,13 +554,14 @@ def run_memory(
     env: dict[str, str],
     *,
     users: int,
-    per_user: int,
+    events: int,
     batch: int,
     tick: float,
     partitions: int,
 ) -> dict:
+    """A worker over ``events`` events from ``users`` users; its RSS once T1 is released."""
     cfg, _ = write_config(run_config(base, "m", None, tick, partitions), workdir)
-    ds = preproduce(bootstrap, cfg, round_robin(users, per_user), batch)
+    ds = preproduce(bootstrap, cfg, cycle_users(users, events), batch)
     res = run_pipeline(bootstrap, base, ds, workdir, tick, env)
     return {"users": users, **res}
 
@@ -659,6 +670,58 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
     }
 
 
+def stage1_micro(base: dict, users: int, events: int, batch: int, seed: int) -> dict:
+    """Stage 1's own Python cost per event, no Kafka and no Faust: the pieces of
+    ``pipeline/app.py``'s ``handle_input`` for an envelope (``decode_events``, the
+    ``partition_for`` routing check, ``Stage1.add_events`` with a dict as the table),
+    timed over the same synthetic events as the throughput runs."""
+    from dpstream.pipeline.records import BATCH, decode_events, partition_for
+    from dpstream.pipeline.stages import Stage1
+    from dpstream.pipeline.worker_support import limits_for
+
+    cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
+    limits, partitions = limits_for(cfg), cfg.input.partitions
+    buffers: dict[int, list[dict]] = defaultdict(list)
+    envelopes: list[tuple[int, bytes]] = []
+    for e in synthetic(users, events, seed):
+        p = partition_for(e["user_id"], partitions)
+        buffers[p].append(e)
+        if len(buffers[p]) >= batch:
+            envelopes.append((p, orjson.dumps(buffers.pop(p))))
+    n = sum(len(orjson.loads(raw)) for _, raw in envelopes)
+    decoded = []
+    t = time.perf_counter()
+    for _, raw in envelopes:
+        decoded.append(decode_events(raw, BATCH, limits)[0])
+    t_decode = time.perf_counter() - t
+    t = time.perf_counter()
+    routed = [
+        [e for e in evs if partition_for(e.user_id, partitions) == p]
+        for (p, _), evs in zip(envelopes, decoded, strict=True)
+    ]
+    t_route = time.perf_counter() - t
+    stage1, table = Stage1(cfg), {}
+    pstates = {p: Stage1.new_partition_state() for p in range(partitions)}
+    t = time.perf_counter()
+    for offset, ((p, _), evs) in enumerate(zip(envelopes, routed, strict=True)):
+        stage1.add_events(pstates[p], table, evs, offset)
+        pstates[p]["last_offset"] = offset
+    t_add = time.perf_counter() - t
+    t = time.perf_counter()
+    for _, raw in envelopes:
+        orjson.loads(raw)
+    t_json = time.perf_counter() - t
+    return {
+        "events": n,
+        "batch": batch,
+        "orjson_us": 1e6 * t_json / n,
+        "decode_us": 1e6 * t_decode / n,
+        "route_us": 1e6 * t_route / n,
+        "add_us": 1e6 * t_add / n,
+        "writes_per_event": sum(len({e.user_id for e in evs}) for evs in routed) / n,
+    }
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -674,6 +737,7 @@ class Results:
     latency: list[dict] = field(default_factory=list)
     memory: list[dict] = field(default_factory=list)
     constants: dict | None = None
+    micro: dict | None = None
     profiles: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     wall: float = 0.0
@@ -712,6 +776,8 @@ def throughput_table(res: Results) -> str:
 
 
 def latency_table(res: Results) -> str:
+    if not res.latency:
+        return "(not measured in this run)"
     lines = [
         "| input | target rate | achieved | ticks | samples | p50 s | p99 s | max s "
         "| p99 / tick | growth s | kept up | worker CPU |",
@@ -734,6 +800,15 @@ def latency_table(res: Results) -> str:
 def memory_section(res: Results) -> str:
     out = []
     if res.memory:
+        out.append(
+            f"Each run: a fresh worker over a log of {res.args.memory_events:,} events (envelopes "
+            "of up to the largest `--batch`) from N users taking turns; VmRSS and VmHWM read "
+            "from /proc once T1 is released. The log length is the same in every run, so the "
+            "slope over N is the memory per user and the intercept is the worker's baseline "
+            "plus the high-water of its transient allocations (Faust's producer buffer, "
+            "aiokafka's fetch and produce batches, which grow with the rate of changelog "
+            "writes, not with users; pymalloc keeps the arenas)."
+        )
         lines = [
             "| users | events | worker VmRSS after the log | peak RSS (VmHWM) |",
             "|---:|---:|---:|---:|",
@@ -784,6 +859,27 @@ def memory_section(res: Results) -> str:
     return "\n\n".join(out) if out else "(not measured in this run)"
 
 
+def micro_section(res: Results) -> str:
+    m = res.micro
+    if not m:
+        return "(not measured in this run)"
+    total = m["decode_us"] + m["route_us"] + m["add_us"]
+    return f"""`stage1_micro` in `bench/throughput.py`: the calls `handle_input` makes for an
+envelope, in this process, over the throughput runs' events in envelopes of {m["batch"]}
+({m["events"]:,} events), with a plain dict as the table. Per event:
+
+| step | µs/event |
+|---|---:|
+| `orjson.loads` of the envelope alone (for scale) | {m["orjson_us"]:.2f} |
+| `records.decode_events` (JSON + `parse_event` validation) | {m["decode_us"]:.2f} |
+| routing check (`records.partition_for`: pure-Python murmur2 per event) | {m["route_us"]:.2f} |
+| `Stage1.add_events` (truncation, pending sums, user entries) | {m["add_us"]:.2f} |
+| **total** (bounds stage 1 at {1e6 / total:,.0f} events/s on one core) | **{total:.2f}** |
+
+The worker adds to this Faust's per-record cost and the state writes: {m["writes_per_event"]:.2f}
+table writes per event (distinct users per envelope / events)."""
+
+
 def targets_section(res: Results) -> str:
     args = res.args
     rows = ["| target | measured | met |", "|---|---|---|"]
@@ -821,13 +917,16 @@ def targets_section(res: Results) -> str:
                 f"+{100 * (1 / median(tables) - 1):.0f}%; +{100 * (1 / median(pipe) - 1):.0f}%"
                 " | - |"
             )
-        batched = res.ratio(b, "faust-batched", "faust-tables")
-        if batched:
-            rows.append(
-                f"| (context) {shape_name(b)}: the same writes with the changelog sent as one "
-                f"batch per record, speed-up over Faust's per-write sends | "
-                f"{median(batched):.1f}x | - |"
-            )
+        for variant, how in (
+            ("faust-batched", "as one batch per record"),
+            ("faust-direct", "by aiokafka's own send()"),
+        ):
+            gain = res.ratio(b, variant, "faust-tables")
+            if gain:
+                rows.append(
+                    f"| (context) {shape_name(b)}: the same writes with the changelog sent "
+                    f"{how}, speed-up over Faust's per-write sends | {median(gain):.1f}x | - |"
+                )
     for r in res.latency:
         ok = r["kept_up"] and r["p99"] < 2 * args.tick
         rows.append(
@@ -951,6 +1050,17 @@ def kept_profiles(path: Path, label: str) -> str:
     return "\n".join(keep)
 
 
+def pipeline_description(args: argparse.Namespace) -> str:
+    base = base_config(args.config)
+    stats = ", ".join(
+        f"{st.get('name')} ({st.get('kind', 'count')}, tau {st.get('tau', 'auto')}"
+        f"{', key ' + st['key'] if st.get('key') else ''})"
+        for st in base.get("statistics", [])
+    )
+    source = f"`{args.config}`" if args.config else "`config/demo.yaml`"
+    return f"{source}: {stats}"
+
+
 def command_line(args: argparse.Namespace) -> str:
     return ".venv/bin/python -m bench.throughput " + " ".join(args.argv)
 
@@ -983,8 +1093,7 @@ latency) the producer share the same cores.
 ## Throughput
 
 Each run, on the same pre-produced topics ({a.users:,} users, Zipf-like activity,
-`pipeline/synthetic.py`, pipeline = `config/demo.yaml`: two binary-tree counts, keyed
-noise):
+`pipeline/synthetic.py`; pipeline = {pipeline_description(a)}, keyed noise):
 
 {ds_lines}
 
@@ -1029,6 +1138,10 @@ Worker memory = a start-up baseline (Python, Faust, aiokafka; the intercept abov
 objects above plus the dict slot) + per statistic its stage-2 state (O(log t) integers)
 + the keyed-noise cache, bounded by its `maxsize` entries whatever the traffic.
 
+## Stage 1's own cost, without Kafka
+
+{micro_section(res)}
+
 ## How it is measured
 
 * **One broker, one run, same topics.** Each input shape gets one input topic,
@@ -1046,12 +1159,15 @@ objects above plus the dict slot) + per statistic its stage-2 state (O(log t) in
 * **Naive peer** (`bench/naive_agent.py`): a Faust app with the worker's settings and one
   agent (`stream.events()`, raw serializers) that reads the header, skips tick markers,
   `orjson.loads` the value and counts. Time = first record the agent sees to the last
-  event counted. Two diagnostic variants of it (not in `--quick`): **+ stage 1's table
+  event counted. Three diagnostic variants of it (not in `--quick`): **+ stage 1's table
   writes** (one Faust table write per distinct user per record plus one per partition,
-  i.e. the pipeline's state writes without any DP logic), and **changelog as 1 batch per
+  i.e. the pipeline's state writes without any DP logic), **changelog as 1 batch per
   record** (the same writes put into the memory store directly, their changelog entries
   sent as one aiokafka record batch per input record instead of one Faust `send_soon`
-  each). They split the pipeline's cost into "Faust", "state writes" and "DP logic".
+  each), and **changelog by aiokafka's send()** (each entry sent with the underlying
+  aiokafka producer's `send`, which still batches across records). They split the
+  pipeline's cost into "Faust", "state writes" and "DP logic", and measure two ways to
+  make the writes cheap.
 * **Pipeline**: a real `dpstream worker` (`worker_support.spawn_worker`, log level
   `{a.worker_loglevel}`). Time = from the
   first stage-1 report of tick T0 on the stage-2 topic (the worker has started consuming)
@@ -1099,7 +1215,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--latency-wait", type=float, help="max wait for the last release")
     p.add_argument("--latency-batch", help="input shapes for latency (1 = single events)")
     p.add_argument("--memory-users", help="user counts for the RSS runs, comma-separated")
-    p.add_argument("--memory-per-user", type=int, default=2)
+    p.add_argument("--memory-events", type=int, help="events in each RSS run (default 100000)")
+    p.add_argument("--memory-per-user", type=int, default=2, help="for the in-process constant")
     p.add_argument("--profile", action="store_true", help="py-spy the worker (extra runs)")
     p.add_argument("--profile-label", default="before")
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
@@ -1122,7 +1239,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.latency_batch is None:
         args.latency_batch = "100" if q else "100,1"
     if args.memory_users is None:
-        args.memory_users = "" if q else "0,10000,50000"
+        args.memory_users = "" if q else "1000,10000,50000"
+    args.memory_events = args.memory_events or 100_000
     args.batches = [int(b) for b in args.batch.split(",") if b.strip()]
     args.latency_batches = [int(b) for b in args.latency_batch.split(",") if b.strip()]
     args.latency_rates = [float(r) for r in args.latency_rate.split(",") if r.strip()]
@@ -1186,7 +1304,11 @@ def main(argv: list[str] | None = None) -> int:
                     if contender in ("aiokafka", "confluent"):
                         r = run_ceiling(contender, bootstrap, ds)
                     elif contender.startswith("faust-"):
-                        tables = {"faust-tables": "faust", "faust-batched": "batched"}
+                        tables = {
+                            "faust-tables": "faust",
+                            "faust-batched": "batched",
+                            "faust-direct": "direct",
+                        }
                         r = run_naive(bootstrap, ds, args.workdir, tables.get(contender, "none"))
                     else:
                         r = run_pipeline(bootstrap, base, ds, args.workdir, args.tick, env)
@@ -1231,7 +1353,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.workdir,
                     env,
                     users=users,
-                    per_user=args.memory_per_user,
+                    events=args.memory_events,
                     batch=max(args.batches or [100]),
                     tick=args.tick,
                     partitions=args.partitions,
@@ -1281,6 +1403,13 @@ def main(argv: list[str] | None = None) -> int:
         res.constants = state_constants(base, users, args.memory_per_user, tree_ticks)
 
     attempt("state constants", constants)
+
+    def micro() -> None:
+        log("stage-1 micro-benchmark (in process)")
+        batch = max(args.batches or [100])
+        res.micro = stage1_micro(base, args.users, args.envelope_events, batch, args.seed)
+
+    attempt("stage-1 micro-benchmark", micro)
     res.load_end = loadavg()
     res.wall = time.monotonic() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -1301,6 +1430,7 @@ def main(argv: list[str] | None = None) -> int:
                     "latency": res.latency,
                     "memory": res.memory,
                     "constants": res.constants,
+                    "stage1_micro": res.micro,
                     "profiles": res.profiles,
                     "errors": res.errors,
                     "datasets": {str(b): vars(d) for b, d in res.datasets.items()},

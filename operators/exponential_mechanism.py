@@ -49,7 +49,7 @@ BIT_SCALE = Fraction(1 << 16)
 MAX_ZERO_RUN = 16
 """Zero draws in a row after which a source is treated as noiseless (ZeroNoise)."""
 
-_START_PRECISION = 48
+_START_PRECISION = 32
 _BITS_PER_REFILL = 2
 
 
@@ -175,7 +175,6 @@ def _exp_neg_one(work: int) -> tuple[int, int]:
     return math.floor(lower * (1 << work)), math.ceil(upper * (1 << work))
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def exp_neg_bounds(gamma: Fraction, prec: int) -> tuple[int, int]:
     """Integers lo <= exp(-gamma) * 2^prec <= hi, with hi - lo at most a few units.
 
@@ -189,17 +188,24 @@ def exp_neg_bounds(gamma: Fraction, prec: int) -> tuple[int, int]:
     Returns:
         (lo, hi).
     """
+    gamma = Fraction(gamma)
     if gamma < 0:
         raise _validate.invalid("gamma", ">= 0", gamma)
     _validate.check_int_ge("prec", prec, 1)
-    if gamma == 0:
+    return _exp_neg_scaled(gamma.numerator, gamma.denominator, prec)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _exp_neg_scaled(num: int, den: int, prec: int) -> tuple[int, int]:
+    """``exp_neg_bounds`` of gamma = num / den (num >= 0, den >= 1), unchecked and cached."""
+    if num == 0:
         return 1 << prec, 1 << prec
-    whole = math.floor(gamma)
+    whole = num // den
     if whole >= prec:
         # exp(-gamma) <= exp(-prec) < 2^-prec
         return 0, 1
     work = prec + whole.bit_length() + 8
-    lo, hi = _exp_neg_fraction(gamma - whole, work)
+    lo, hi = _exp_neg_fraction(Fraction(num - whole * den, den), work)
     if whole:
         one_lo, one_hi = _exp_neg_one(work)
         for _ in range(whole):
@@ -221,15 +227,19 @@ def _check_weights(
             "exponents", f"as many as the multiplicities ({len(multiplicities)})", len(exponents)
         )
     mult = list(multiplicities)
-    exps = [Fraction(g) for g in exponents]
-    for a in mult:
-        _validate.check_int_ge("multiplicity", a, 0)
+    exps = [g if isinstance(g, Fraction) else Fraction(g) for g in exponents]
+    _check_multiplicities(mult)
     for g in exps:
         if g < 0:
             raise _validate.invalid("exponent", ">= 0", g)
+    return mult, exps
+
+
+def _check_multiplicities(mult: list[int]) -> None:
+    for a in mult:
+        _validate.check_int_ge("multiplicity", a, 0)
     if not any(mult):
         raise _validate.invalid("multiplicities", "not all zero", tuple(mult))
-    return mult, exps
 
 
 def log_weights(multiplicities: Sequence[int], exponents: Sequence[Fraction]) -> list[float]:
@@ -283,21 +293,42 @@ def sample_index(
         InvalidOperatorConfig: malformed weights (a programming error, never data).
     """
     mult, exps = _check_weights(multiplicities, exponents)
-    floor_gamma = min(g for a, g in zip(mult, exps, strict=True) if a)
-    shifted = [g - floor_gamma for g in exps]
+    den = math.lcm(*(g.denominator for g in exps))
+    nums = [g.numerator * (den // g.denominator) for g in exps]
+    return sample_index_scaled(mult, nums, den, bits)
+
+
+def sample_index_scaled(
+    multiplicities: Sequence[int], numerators: Sequence[int], denominator: int, bits: NoiseBits
+) -> int:
+    """``sample_index`` with gamma_i = numerators[i] / denominator (all integers, fast path).
+
+    Args:
+        multiplicities: a_i >= 0 integers, not all zero.
+        numerators: integers >= 0.
+        denominator: integer >= 1.
+        bits: the fair-bit source of this choice.
+
+    Returns:
+        The index; the mode if the source is degenerate.
+    """
+    mult = list(multiplicities)
+    nums = list(numerators)
+    if len(mult) != len(nums):
+        raise _validate.invalid(
+            "numerators", f"as many as the multiplicities ({len(mult)})", len(nums)
+        )
+    _check_multiplicities(mult)
+    _validate.check_int_ge("denominator", denominator, 1)
+    if min(nums) < 0:
+        raise _validate.invalid("numerator", ">= 0", min(nums))
+    floor_num = min(g for a, g in zip(mult, nums, strict=True) if a)
+    shifted = [g - floor_num if a else 0 for a, g in zip(mult, nums, strict=True)]
     prec = _START_PRECISION + len(mult).bit_length()
     u, drawn = 0, 0  # U lies in [u / 2^drawn, (u + 1) / 2^drawn)
+    cum_lo, cum_hi = _cumulative_bounds(mult, shifted, denominator, prec)
     while True:
-        cum_lo, cum_hi = [], []
-        acc_lo = acc_hi = 0
-        for a, g in zip(mult, shifted, strict=True):
-            if a:
-                lo, hi = exp_neg_bounds(g, prec)
-                acc_lo += a * lo
-                acc_hi += a * hi
-            cum_lo.append(acc_lo)
-            cum_hi.append(acc_hi)
-        total_lo, total_hi = acc_lo, acc_hi
+        total_lo, total_hi = cum_lo[-1], cum_hi[-1]
         x_lo = u * total_lo  # U * total, scaled by 2^drawn, is in [x_lo, x_hi)
         x_hi = (u + 1) * total_hi
         i = bisect_left(cum_lo, -((-x_hi) >> drawn))
@@ -305,10 +336,31 @@ def sample_index(
             return i
         if (total_hi - total_lo) << (drawn + 2) > total_hi:
             prec += 32
+            cum_lo, cum_hi = _cumulative_bounds(mult, shifted, denominator, prec)
             continue
         try:
             for _ in range(_BITS_PER_REFILL):
                 u = (u << 1) | bits.bit()
                 drawn += 1
         except DegenerateNoise:
-            return mode(mult, exps)
+            return mode(mult, [Fraction(g, denominator) for g in nums])
+
+
+def _cumulative_bounds(
+    mult: list[int], shifted: list[int], den: int, prec: int
+) -> tuple[list[int], list[int]]:
+    """Prefix sums of the integer brackets of a_i exp(-g_i / den) at ``prec`` bits."""
+    cum_lo, cum_hi = [], []
+    acc_lo = acc_hi = 0
+    far = prec * den
+    for a, g in zip(mult, shifted, strict=True):
+        if a:
+            if g >= far:  # exp(-g / den) < 2^-prec: the bracket (0, 1), without the series
+                acc_hi += a
+            else:
+                lo, hi = _exp_neg_scaled(g, den, prec)
+                acc_lo += a * lo
+                acc_hi += a * hi
+        cum_lo.append(acc_lo)
+        cum_hi.append(acc_hi)
+    return cum_lo, cum_hi

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from . import _validate
-from .exponential_mechanism import NoiseBits, probabilities, sample_index
+from .exponential_mechanism import NoiseBits, probabilities, sample_index_scaled
 
 TAU_RESOLUTION = 1 << 16
 """tau is rounded to a multiple of 1 / TAU_RESOLUTION grid units (never to 0)."""
@@ -93,7 +93,12 @@ def centers(lo: Fraction, hi: Fraction, radius: Fraction) -> list[Fraction]:
 
 def bin_of(value: Fraction, lo: Fraction, radius: Fraction, nb: int) -> int:
     """k = clamp(ceil((A - lo) / tau), 1, nb): the bin (1-based) holding ``value``."""
-    return min(max(math.ceil((value - lo) / radius), 1), nb)
+    # ceil(((p / q) - (r / s)) / (t / w)) = ceil((p s - r q) w / (q s t)), in integers.
+    p, q = value.numerator, value.denominator
+    r, s = lo.numerator, lo.denominator
+    t, w = radius.numerator, radius.denominator
+    k = -((-(p * s - r * q) * w) // (q * s * t))
+    return min(max(k, 1), nb)
 
 
 def scores(means: Sequence[Fraction], lo: Fraction, hi: Fraction, radius: Fraction) -> list[int]:
@@ -101,10 +106,13 @@ def scores(means: Sequence[Fraction], lo: Fraction, hi: Fraction, radius: Fracti
 
     mu_i < x_k exactly when mu_i's bin is below k, so c is computed on bin indices.
     """
+    lo, radius = Fraction(lo), Fraction(radius)
     nb = bin_count(lo, hi, radius)
     per_bin = [0] * (nb + 2)
     for value in means:
-        per_bin[bin_of(Fraction(value), lo, radius, nb)] += 1
+        per_bin[
+            bin_of(value if isinstance(value, Fraction) else Fraction(value), lo, radius, nb)
+        ] += 1
     n = len(means)
     out, below = [], 0
     for k in range(1, nb + 1):
@@ -173,6 +181,9 @@ def private_interval(
     Returns:
         The Interval; 0 <= b - a <= min(3 tau, hi - lo).
     """
-    gammas = exponents(scores(means, lo, hi, radius), epsilon, sensitivity)
-    k = sample_index([1] * len(gammas), gammas, bits)
+    c = scores(means, lo, hi, radius)
+    eps = Fraction(epsilon)  # gamma_x = eps c(x) / (4 s) = a c(x) / (4 s b), eps = a / b
+    k = sample_index_scaled(
+        [1] * len(c), [eps.numerator * v for v in c], 4 * sensitivity * eps.denominator, bits
+    )
     return bounds(lo + (k + Fraction(1, 2)) * radius, lo, hi, radius)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from . import _validate
-from .exponential_mechanism import NoiseBits, probabilities, sample_index, uniform_below
+from .exponential_mechanism import NoiseBits, probabilities, sample_index_scaled, uniform_below
 
 FIXED_LEVELS = (Fraction(1, 10), Fraction(9, 10))
 QUANTILE_RULES = ("fixed", "optimized")
@@ -53,8 +53,13 @@ def grid_size(lo: Fraction, hi: Fraction, step: Fraction) -> int:
 
 
 def points_at_or_below(value: Fraction, lo: Fraction, step: Fraction, cells: int) -> int:
-    """#{k in [0, M) : lo + (k + 1/2) h <= value}."""
-    return min(max(math.floor((value - lo) / step - Fraction(1, 2)) + 1, 0), cells)
+    """#{k in [0, M) : lo + (k + 1/2) h <= value} = clamp(floor((value - lo) / h - 1/2) + 1)."""
+    # floor((2 (value - lo) - h) / (2 h)) in integers: value = p / q, lo = r / s, h = t / w.
+    p, q = value.numerator, value.denominator
+    r, s = lo.numerator, lo.denominator
+    t, w = step.numerator, step.denominator
+    k = ((2 * (p * s - r * q)) * w - t * q * s) // (2 * t * q * s) + 1
+    return min(max(k, 0), cells)
 
 
 def rank_groups(
@@ -72,9 +77,15 @@ def rank_groups(
         (starts, sizes), each of length n + 1; sizes sum to M.
     """
     cells = grid_size(lo, hi, step)
-    z = sorted(min(max(Fraction(v), lo), hi) for v in values)
-    edges = [0] + [points_at_or_below(v, lo, step, cells) for v in z] + [cells]
-    return edges[:-1], [edges[i + 1] - edges[i] for i in range(len(z) + 1)]
+    lo, step = Fraction(lo), Fraction(step)
+    # The count of points <= z is monotone in z: sorting the counts sorts the values.
+    below = sorted(points_at_or_below(_fraction(v), lo, step, cells) for v in values)
+    edges = [0, *below, cells]
+    return edges[:-1], [edges[i + 1] - edges[i] for i in range(len(below) + 1)]
+
+
+def _fraction(value: Fraction | int) -> Fraction:
+    return value if isinstance(value, Fraction) else Fraction(value)
 
 
 def exponents(n: int, level: Fraction, epsilon_q: Fraction, sensitivity: int) -> list[Fraction]:
@@ -142,7 +153,11 @@ def private_quantile(
         A grid point lo + (k + 1/2) h.
     """
     starts, sizes = rank_groups(values, lo, hi, step)
-    group = sample_index(sizes, exponents(len(values), level, epsilon_q, sensitivity), bits)
+    # gamma_i = eps_q |i - q n| / (2 s) = a |i d - c n| / (2 s b d), eps_q = a/b, q = c/d.
+    eps_q, level, n = Fraction(epsilon_q), Fraction(level), len(values)
+    a, b, c, d = eps_q.numerator, eps_q.denominator, level.numerator, level.denominator
+    nums = [a * abs(i * d - c * n) for i in range(n + 1)]
+    group = sample_index_scaled(sizes, nums, 2 * sensitivity * b * d, bits)
     k = starts[group] + uniform_below(sizes[group], bits)
     return lo + (k + Fraction(1, 2)) * step
 

@@ -24,6 +24,7 @@ from .records import (
     HEADER,
     TICK,
     BadRecord,
+    check_marker_time,
     decode_events,
     decode_tick,
     encode_tick,
@@ -139,7 +140,9 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         for future in sent:
             await future
 
-    async def handle_input(partition: int, offset: int, value: bytes | None, headers) -> None:
+    async def handle_input(
+        partition: int, offset: int, value: bytes | None, headers, timestamp_ms: int | None
+    ) -> None:
         pkey = f"p:{partition}"
         pstate = stage1_table.get(pkey) or Stage1.new_partition_state()
         sent: list[Awaitable] = []
@@ -149,6 +152,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         if kind == TICK:
             try:
                 tick = decode_tick(value or b"")
+                check_marker_time(tick, interval, timestamp_ms)
             except BadRecord as exc:
                 sent.append(await reject(exc.reason, partition, offset, value))
             else:
@@ -183,7 +187,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         async for event in stream.events():
             msg = event.message
             try:
-                await handle_input(msg.partition, msg.offset, event.value, msg.headers)
+                stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+                await handle_input(msg.partition, msg.offset, event.value, msg.headers, stamp)
             except Exception as exc:  # keep the worker alive; the record goes to dead letters
                 log.exception("stage 1 failed on partition %s offset %s", msg.partition, msg.offset)
                 await reject(

@@ -17,6 +17,7 @@ from .records import (
     HEADER,
     TICK,
     BadRecord,
+    check_marker_time,
     decode_events,
     decode_tick,
     event_json,
@@ -97,7 +98,7 @@ def read_topic(
 ):
     """Every record of ``topic`` up to its current end, per partition, in offset order.
 
-    Returns {partition: [(offset, headers, value)]}.
+    Returns {partition: [(offset, headers, value, timestamp_ms)]}.
     """
     consumer = _consumer(bootstrap, security)
     try:
@@ -118,7 +119,7 @@ def read_topic(
                     continue
                 raise RuntimeError(str(msg.error()))
             p = msg.partition()
-            out[p].append((msg.offset(), msg.headers() or [], msg.value()))
+            out[p].append((msg.offset(), msg.headers() or [], msg.value(), msg.timestamp()[1]))
             if msg.offset() >= ends[p] - 1:
                 remaining.discard(p)
                 consumer.pause([TopicPartition(topic, p)])
@@ -139,11 +140,12 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
         by_tick: dict[int, list[dict]] = defaultdict(list)
         buffered: list[dict] = []
         first = last = None
-        for _, headers, value in per_partition[p]:
+        for _, headers, value, timestamp in per_partition[p]:
             kind = header_kind(headers)
             try:
                 if kind == TICK:
                     tick = decode_tick(value or b"")
+                    check_marker_time(tick, cfg.ticks.interval_seconds, timestamp)
                     if last is not None and tick <= last:
                         continue
                     by_tick[tick] = buffered

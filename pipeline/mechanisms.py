@@ -263,9 +263,7 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
             **rank,
             **options,
         )
-        return UserLevelCounter(
-            stat, k_selection, spec, k_selection.KSelectionState, "k_selection"
-        )
+        return UserLevelCounter(stat, k_selection, spec, k_selection.KSelectionState, "k_selection")
     bins = stat.bins if kind == "histogram" else 1
     if stat.deletions:
         spec = deletions.make_deletions(

@@ -74,7 +74,7 @@ def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) 
     items = headers.items() if isinstance(headers, dict) else headers
     for name, value in items:
         if name == HEADER:
-            return bytes(value)
+            return bytes(value) if value is not None else b""  # b"": an unknown kind
     return None
 
 
@@ -143,6 +143,25 @@ def _loads(value: bytes) -> object:
         if "infinity" in str(exc) or b"NaN" in value or b"Infinity" in value:
             raise BadRecord("non-finite number (NaN or infinity)") from None
         raise BadRecord("malformed JSON") from None
+
+
+# A marker is written by the leader's clock right after its tick ends; the broker stamps
+# it (the input topic uses LogAppendTime). One that claims a tick not yet ended, or one
+# long over, is not the clock's: anyone who may write events could write it.
+MARKER_CLOCK_SKEW_SECONDS = 2.0
+MARKER_MAX_AGE_SECONDS = 300.0
+
+
+def check_marker_time(tick: int, interval: float, timestamp_ms: int | None) -> None:
+    """Raise BadRecord unless tick marker ``tick`` was appended after its tick ended and
+    not long after (``timestamp_ms``: the record's broker timestamp; None skips)."""
+    if timestamp_ms is None or timestamp_ms <= 0:
+        return
+    appended, end = timestamp_ms / 1000, (tick + 1) * interval
+    if end > appended + MARKER_CLOCK_SKEW_SECONDS:
+        raise BadRecord("tick marker from the future")
+    if appended - end > max(MARKER_MAX_AGE_SECONDS, 10 * interval):
+        raise BadRecord("tick marker too old")
 
 
 def decode_tick(value: bytes) -> int:

@@ -89,7 +89,7 @@ class _Counted:
         return cls(stat.name, stat.key, stat.kind, fixed, stat.deletions)
 
     def stream(self, event: Event) -> str | None:
-        """"+" (insertions) or "-" (deletions) if this statistic counts ``event``."""
+        """ "+" (insertions) or "-" (deletions) if this statistic counts ``event``."""
         if self.key is not None and event.key != self.key:
             return None
         if event.delete:

@@ -12,6 +12,8 @@ from dpstream.config.schema import ConfigError, PipelineConfig
 log = logging.getLogger(__name__)
 
 
+COMPACTED = {"cleanup.policy": "compact"}
+
 # The Faust tables of pipeline/app.py; Faust names their changelogs <app_id>-<table>-changelog.
 TABLES = ("stage1", "stage2")
 
@@ -48,11 +50,12 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
-    compacted = set(changelog_topics(cfg))
+    configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
+    # The broker stamps input records, so a tick marker's time cannot be forged
+    # (records.check_marker_time).
+    configs[cfg.input.topic] = {"message.timestamp.type": "LogAppendTime"}
     missing = [
-        NewTopic(n, p, 1, config={"cleanup.policy": "compact"} if n in compacted else {})
-        for n, p in plan.items()
-        if n not in existing
+        NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
     ]
     if not missing:
         return

@@ -117,6 +117,7 @@ def run_audit(mech_x, mech_y, n: int, seed: int, broken: bool, linear: bool = Tr
 
 
 def check(result, claim: float, broken: bool) -> None:
+    print(f"claim {claim:.3f}: {result}")  # shown with -rA
     if broken:
         assert result.eps_lo > claim, f"broken mechanism not caught (claim {claim}): {result}"
     else:

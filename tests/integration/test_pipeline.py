@@ -388,7 +388,7 @@ def test_produce_cli_sends_jsonl_events_and_envelopes_to_their_partitions(bootst
     records = read_topic(bootstrap, cfg.input.topic, PARTITIONS)
     singles = envelopes = 0
     for partition, recs in records.items():
-        for _, headers, value in recs:
+        for _, headers, value, _ in recs:
             if header_kind(headers) == b"batch":
                 users = {e["user_id"] for e in orjson.loads(value)}
                 envelopes += len(orjson.loads(value))

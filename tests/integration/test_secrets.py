@@ -232,12 +232,13 @@ def test_the_insecure_mode_needs_no_key_and_stamps_every_release(bootstrap, tmp_
     config_path.write_text(yaml.safe_dump(data))
     clean = {k: v for k, v in os.environ.items() if k != "DPSTREAM_NOISE_KEY"}
     log_path = tmp_path / "worker.log"
-    proc = subprocess.Popen(  # no key anywhere in its environment
-        [*CLI, "worker", "--config", str(config_path), "--bootstrap", bootstrap],
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=clean,
-    )
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(  # no key anywhere in its environment
+            [*CLI, "worker", "--config", str(config_path), "--bootstrap", bootstrap],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean,
+        )
     worker = WorkerProcess(cfg, config_path, log_path, proc)
     rd = readers(bootstrap, worker)
     try:

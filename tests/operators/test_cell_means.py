@@ -183,7 +183,9 @@ def test_e3_private_interval() -> None:
     assert [round(probs[k], 5) for k in (1, 3, 4, 5)] == [0.08685] * 4
     assert [round(probs[k], 5) for k in (0, 6, 7, 8, 9)] == [0.05268] * 5
     # The mode (25) is what a noiseless source picks; the oracle's "if mu^ = 25" case.
-    chosen = pi.private_interval(means, lo, hi, tau, Fraction(2), 1, em.NoiseBits(ZeroNoise(), ("x",)))
+    chosen = pi.private_interval(
+        means, lo, hi, tau, Fraction(2), 1, em.NoiseBits(ZeroNoise(), ("x",))
+    )
     assert (chosen.center, chosen.lower, chosen.upper) == (25, 10, 40)
     spec = make("levy", epsilon=2)
     prep = dataclasses.replace(
@@ -294,8 +296,14 @@ def test_best_fit_picks_the_fullest_fitting_array_lowest_index() -> None:
 def test_grouping_depends_on_counts_only(counts: dict[str, int], data: st.DataObject) -> None:
     for mechanism, grouping in (("array_averaging", "best_fit"), ("levy", "wrap_around")):
         spec = make(mechanism, grouping=grouping)
-        one = {u: data.draw(st.lists(st.integers(0, 100), min_size=m, max_size=m)) for u, m in counts.items()}
-        two = {u: data.draw(st.lists(st.integers(0, 100), min_size=m, max_size=m)) for u, m in counts.items()}
+        one = {
+            u: data.draw(st.lists(st.integers(0, 100), min_size=m, max_size=m))
+            for u, m in counts.items()
+        }
+        two = {
+            u: data.draw(st.lists(st.integers(0, 100), min_size=m, max_size=m))
+            for u, m in counts.items()
+        }
         p1, p2 = prepared(spec, one), prepared(spec, two)
         assert (p1.m_ub, p1.n_arrays, p1.kept_users, p1.used_samples) == (
             p2.m_ub, p2.n_arrays, p2.kept_users, p2.used_samples
@@ -376,7 +384,11 @@ def test_private_interval_neighbour_ratio(values, tau_int, eps, s) -> None:
             assert max(p / q for p, q in zip(probs, probs2, strict=True)) <= bound
 
 
-@given(st.lists(st.integers(0, 100), min_size=1, max_size=20), st.integers(1, 120), st.integers(0, 10**6))
+@given(
+    st.lists(st.integers(0, 100), min_size=1, max_size=20),
+    st.integers(1, 120),
+    st.integers(0, 10**6),
+)
 @settings(max_examples=150, deadline=None)
 def test_private_interval_bounds(values, tau_int, seed) -> None:
     lo, hi, tau = Fraction(0), Fraction(100), Fraction(tau_int)
@@ -468,11 +480,13 @@ def test_lemmas_iii_1_and_iii_2_on_random_count_vectors() -> None:
     for _ in range(2000):
         counts = {f"u{i}": rng.choice([1, 2, 3, 5, 8, 20, 100]) * rng.randint(1, 9)
                   for i in range(rng.randint(1, 25))}  # fmt: skip
-        delta_f = pu.baseline_sensitivity(counts, u)
-        for m_ub in range(1, max(counts.values()) + 1):
-            assert delta_f >= pu.proxy_sensitivity(counts, m_ub, u)  # Lemma III.1
+        ms = list(counts.values())
+        m_star, n = max(ms), sum(ms)
+        # Lemma III.1, Delta_f = U m*/N >= U m_UB / S(m_UB), cross-multiplied (integers).
+        for m_ub in range(1, m_star + 1):
+            assert m_star * sum(min(m, m_ub) for m in ms) >= m_ub * n
         median = pu.median_m_ub(counts)
-        gain = delta_f / pu.proxy_sensitivity(counts, median, u)
+        gain = pu.baseline_sensitivity(counts, u) / pu.proxy_sensitivity(counts, median, u)
         assert gain >= pu.opt_gain(counts) / 2  # Lemma III.2
 
 
@@ -662,9 +676,7 @@ def test_laplace_calibration() -> None:
     b = float(cm.sensitivity(spec, prep) / spec.epsilon)  # 80
     noise = SeededNoise(99)
     n = 100_000
-    errors = [
-        cm.release_prepared(spec, CELL, prep, noise).release.value - 55.0 for _ in range(n)
-    ]
+    errors = [cm.release_prepared(spec, CELL, prep, noise).release.value - 55.0 for _ in range(n)]
     mean_abs = math.fsum(abs(e) for e in errors) / n
     std = math.sqrt(math.fsum(e * e for e in errors) / n)
     assert abs(mean_abs / b - 1) < 0.02

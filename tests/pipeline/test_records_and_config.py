@@ -13,6 +13,7 @@ from dpstream.pipeline.records import (
     TICK,
     BadRecord,
     Limits,
+    check_marker_time,
     decode_events,
     decode_tick,
     event_json,
@@ -313,3 +314,28 @@ def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
     )
     with pytest.raises(ConfigError, match="noise.key_file: cannot read key file"):
         load_noise(parse_config(_cfg(noise__key_file=str(tmp_path / "missing"))))
+
+
+@pytest.mark.parametrize(
+    ("tick", "appended", "reason"),
+    [
+        (9, 10.0, None),  # tick 9 of 1 s ends at 10.0: written right then
+        (9, 8.5, None),  # within the 2 s clock skew
+        (9, 7.9, "tick marker from the future"),
+        (9, 310.0, None),  # 300 s late: a stalled leader, still accepted
+        (9, 310.5, "tick marker too old"),
+    ],
+)
+def test_tick_markers_are_checked_against_their_broker_timestamp(tick, appended, reason):
+    if reason is None:
+        check_marker_time(tick, 1.0, int(appended * 1000))
+    else:
+        with pytest.raises(BadRecord, match=reason):
+            check_marker_time(tick, 1.0, int(appended * 1000))
+    check_marker_time(tick, 1.0, None)  # no timestamp (e.g. a replay log): nothing to check
+
+
+def test_a_dpstream_header_without_a_value_is_an_unknown_kind():
+    assert header_kind([("dpstream", None)]) == b""
+    with pytest.raises(BadRecord, match="unknown dpstream header"):
+        decode_events(b'{"user_id": "u"}', b"", ANY_KEY)
