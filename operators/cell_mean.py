@@ -88,6 +88,7 @@ from .exponential_mechanism import NoiseBits
 from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance, node_bytes
 from .snapping import Grid, make_grid, to_units
 
+MECHANISM = "cell_mean"
 MECHANISMS = ("baseline", "array_averaging", "levy", "quantile", "noisy_ratio")
 PAPER_MECHANISMS = MECHANISMS[:4]
 M_UB_RULES = ("median", "eq10")
@@ -378,25 +379,55 @@ def grid_of(spec: CellMeanSpec) -> Grid:
     return Grid(step=spec.step)
 
 
-def aggregate(spec: CellMeanSpec, user: str, values: Iterable[float]) -> UserCellAggregate:
-    """Stage 1's job for one (cell, user), as a reference: clip, snap, count, sum, keep a head.
+def add_value(
+    spec: CellMeanSpec, aggregate: UserCellAggregate | None, user: str, value: float
+) -> UserCellAggregate:
+    """Stage 1's step for one (cell, user): fold in one value (clip, snap, count, sum, head).
+
+    Call it in the value-independent order (event time, partition, offset): the head keeps
+    the first ``head_cap`` values in that order. Clipping to [lower, upper] and snapping to
+    the grid are per-record transformations (no privacy cost, at most g/2 error each).
 
     Args:
         spec: the cell mean's spec (bounds, grid, head_cap).
+        aggregate: the user's aggregate so far in this cell, or None for the first value.
+        user: the user id (must match ``aggregate``).
+        value: a finite real (values outside [lower, upper] are clipped).
+
+    Returns:
+        The new aggregate.
+    """
+    if not math.isfinite(value):
+        raise _validate.invalid("value", "finite (reject it at ingest)", value)
+    units = to_units(grid_of(spec), min(max(float(value), float(spec.lower)), float(spec.upper)))
+    units = min(max(units, spec.lo), spec.hi)
+    if aggregate is None:
+        return UserCellAggregate(user=user, count=1, total=units, head=(units,))
+    if aggregate.user != user:
+        raise _validate.invalid("user", "the aggregate's user", "<redacted>")
+    head = aggregate.head if len(aggregate.head) >= spec.head_cap else (*aggregate.head, units)
+    return UserCellAggregate(
+        user=user, count=aggregate.count + 1, total=aggregate.total + units, head=head
+    )
+
+
+def aggregate(spec: CellMeanSpec, user: str, values: Iterable[float]) -> UserCellAggregate:
+    """All of one user's values in a cell, folded with ``add_value`` (tests, experiments).
+
+    Args:
+        spec: the cell mean's spec.
         user: the user id.
         values: the user's values in the cell, in value-independent (arrival) order.
 
     Returns:
         The aggregate.
     """
-    grid = grid_of(spec)
-    lower, upper = float(spec.lower), float(spec.upper)
-    units = [to_units(grid, min(max(float(v), lower), upper)) for v in values]
-    if not units:
+    result: UserCellAggregate | None = None
+    for value in values:
+        result = add_value(spec, result, user, value)
+    if result is None:
         raise _validate.invalid("values", "non-empty", [])
-    return UserCellAggregate(
-        user=user, count=len(units), total=sum(units), head=tuple(units[: spec.head_cap])
-    )
+    return result
 
 
 # ---------------------------------------------------------------------------------------

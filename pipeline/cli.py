@@ -135,7 +135,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         events = list(_jsonl(args.events))
     else:
         events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
-    producer = make_producer(bootstrap)
+    producer = make_producer(bootstrap, cfg.kafka)
     chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
     sent = 0
     start = time.monotonic()
@@ -156,6 +156,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         resolve_bootstrap(args.bootstrap),
         cfg.release_topic(args.statistic),
         from_beginning=args.from_beginning,
+        security=cfg.kafka,
     )
     seen = 0
     deadline = time.monotonic() + args.timeout if args.timeout else None

@@ -86,11 +86,12 @@ def _drive(
     users: int,
     rate: float,
 ) -> dict[str, list[dict]]:
-    producer = make_producer(bootstrap)
+    producer = make_producer(bootstrap, cfg.kafka)
     consumer = read_releases(
         bootstrap,
         "^" + cfg.outputs.release_topic_prefix.replace(".", r"\.") + ".*",
         group=f"{cfg.app_id}-demo",
+        security=cfg.kafka,
     )
     events = synthetic_events(users, int(rate * duration) + 1, seed=7)
     releases: dict[str, list[dict]] = defaultdict(list)

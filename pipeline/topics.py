@@ -7,7 +7,9 @@ import logging
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
+
+from .kafka_security import confluent_config
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +37,14 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
     return plan
 
 
-def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminClient:
+    conf = {"bootstrap.servers": bootstrap, "log_level": 0}
+    return AdminClient({**conf, **confluent_config(security or KafkaSecurityConfig())})
 
 
 def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
     """Create missing topics; stop with a ConfigError if the input topic has the wrong shape."""
-    client = admin(bootstrap)
+    client = admin(bootstrap, cfg.kafka)
     existing = client.list_topics(timeout=timeout).topics
     plan = topic_plan(cfg)
     for name in (cfg.input.topic, cfg.stage2_topic, *changelog_topics(cfg)):

@@ -411,9 +411,11 @@ def bad_record(draw, kind: str, fault: str | None = None) -> Rec:
             )
         )  # fmt: skip
         return Rec(kind, value, p, headers=((HEADER, TICK),), bad=((None, BAD_TICK),))
-    # A well-formed marker for a tick long past: stage 1 ignores it (a duplicate, in effect).
+    # A well-formed marker for a tick long past: its broker timestamp gives it away.
     stale = orjson.dumps({"tick": draw(st.integers(0, 10**6))})
-    return Rec("stale tick", stale, p, headers=((HEADER, TICK),))
+    return Rec(
+        "stale tick", stale, p, headers=((HEADER, TICK),), bad=((None, "tick marker too old"),)
+    )
 
 
 def examples(strategy: st.SearchStrategy, count: int) -> list:

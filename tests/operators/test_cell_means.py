@@ -550,6 +550,20 @@ def test_release_value_units_follow_the_grid() -> None:
     assert out.release.noise_scale == pytest.approx(65.0)  # U m*/N / eps = 65 * 4 / 4
 
 
+def test_add_value_is_stage_one_fold() -> None:
+    spec = make("levy", head_cap=3, step="0.5")
+    agg = None
+    for v in [10.2, 99.0, 120.0, -1.0, 50.24]:
+        agg = cm.add_value(spec, agg, "u", v)
+    # 10.2 -> 20 units (10.0), 99 -> 198, 120 -> clip 100 -> 200, -1 -> 0, 50.24 -> 100.
+    assert agg == cm.UserCellAggregate("u", 5, 20 + 198 + 200 + 0 + 100, (20, 198, 200))
+    assert cm.aggregate(spec, "u", [10.2, 99.0, 120.0, -1.0, 50.24]) == agg
+    with pytest.raises(InvalidOperatorConfig, match="value must be finite"):
+        cm.add_value(spec, agg, "u", math.nan)
+    with pytest.raises(InvalidOperatorConfig, match="user must be the aggregate's user"):
+        cm.add_value(spec, agg, "v", 1.0)
+
+
 def test_empty_cell_with_public_counts_releases_nothing() -> None:
     spec = make("levy")
     out = cm.release_cell(spec, CELL, [], SeededNoise(1))
@@ -688,7 +702,7 @@ def test_private_interval_sampler_matches_its_probabilities() -> None:
     means = [Fraction(v) for v in (18, 21, 22, 24, 60, 33, 35, 47)]
     lo, hi, tau, eps = Fraction(0), Fraction(100), Fraction(10), Fraction(1)
     probs = pi.interval_probabilities(means, lo, hi, tau, eps)
-    n = 20000  # about 5 s; every centre within 5 binomial sd (see assert_frequencies)
+    n = 20000  # about 20 s on one core; every centre within 5 binomial sd (< 40 * 5.7e-7)
     noise = SeededNoise(11)
     counts = Counter(
         int((pi.private_interval(means, lo, hi, tau, eps, 1, em.NoiseBits(noise, ("i", k))).center
@@ -704,7 +718,7 @@ def test_private_quantile_sampler_matches_point_probabilities() -> None:
     values = [Fraction(v) for v in (2, 4, 8, 5)]
     args = (Fraction(1, 2), Fraction(1), 1, Fraction(0), Fraction(10), Fraction(1))
     probs = pq.point_probabilities(values, *args)
-    n = 20000  # about 8 s; 10 points, each within 5 binomial sd
+    n = 20000  # about 20 s; 10 points, each within 5 binomial sd (< 10 * 5.7e-7)
     noise = SeededNoise(12)
     counts = Counter(
         int(pq.private_quantile(values, *args, em.NoiseBits(noise, ("q", k))) - Fraction(1, 2))

@@ -152,7 +152,7 @@ def assert_frequencies(counts: Counter, probs: list[float], n: int) -> None:
     ],
 )
 def test_sample_index_has_the_target_distribution(mult: list[int], exps: list[Fraction]) -> None:
-    n = 20000  # about 5 s on one core with SeededNoise (~4 bits per draw)
+    n = 20000  # 5-10 s on one core with SeededNoise (~4 bits per choice)
     noise = SeededNoise(20240901)
     counts = Counter(em.sample_index(mult, exps, em.NoiseBits(noise, ("s", i))) for i in range(n))
     assert_frequencies(counts, em.probabilities(mult, exps), n)
@@ -164,3 +164,20 @@ def test_uniform_below_is_uniform() -> None:
     noise = SeededNoise(7)
     counts = Counter(em.uniform_below(k, em.NoiseBits(noise, ("u", i))) for i in range(n))
     assert_frequencies(counts, [1 / k] * k, n)
+
+
+def test_scaled_fast_path_agrees_with_fractions() -> None:
+    mult = [3, 1, 0, 7, 2]
+    exps = [Fraction(1, 3), Fraction(5, 6), Fraction(0), Fraction(3, 2), Fraction(7)]
+    nums, den = [2, 5, 0, 9, 42], 6
+    for i in range(50):
+        a = em.sample_index(mult, exps, em.NoiseBits(KeyedNoise(KEY), ("f", i)))
+        b = em.sample_index_scaled(mult, nums, den, em.NoiseBits(KeyedNoise(KEY), ("f", i)))
+        assert a == b
+    bits = em.NoiseBits(SeededNoise(1), ("x",))
+    with pytest.raises(InvalidOperatorConfig, match="numerator must be >= 0, got -1"):
+        em.sample_index_scaled([1, 1], [0, -1], 2, bits)
+    with pytest.raises(InvalidOperatorConfig, match="denominator must be >= 1, got 0"):
+        em.sample_index_scaled([1, 1], [0, 1], 0, bits)
+    with pytest.raises(InvalidOperatorConfig, match="numerators must be as many as the multi"):
+        em.sample_index_scaled([1, 1], [0], 1, bits)
