@@ -11,10 +11,15 @@ One command measures, in one run and on the same pre-produced topics:
      tree;
 
 prints a table (events/s and each contender's ratio to the aiokafka ceiling of the same
-run) and writes docs/benchmarks.md. ``--profile`` adds py-spy profiles of the worker.
+run) and writes docs/benchmarks.md. The full mode adds three diagnostic variants of the
+naive agent (with stage 1's table writes; with those writes' changelog sent two cheaper
+ways), which split the pipeline's cost into Faust, state writes and DP logic.
+``--profile`` adds py-spy and cProfile profiles of the worker (section "Profile: <label>",
+kept across runs with other labels, e.g. "before" and "after").
 
-    .venv/bin/python -m bench.throughput            # full: 3 runs, ~12 minutes
-    .venv/bin/python -m bench.throughput --quick    # 1 run, small sizes, ~2 minutes
+    .venv/bin/python -m bench.throughput                 # full: 3 runs, ~25 min today
+    .venv/bin/python -m bench.throughput --quick         # 1 run, small sizes, ~2-3 min
+    .venv/bin/python -m bench.throughput --profile --profile-label after
 
 The broker is ``KAFKA_BOOTSTRAP_SERVERS`` if set, else one started for the run
 (``pipeline/broker.py``). Definitions are in the document this writes ("How it is
@@ -1226,6 +1231,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--memory-users", help="user counts for the RSS runs, comma-separated")
     p.add_argument("--memory-events", type=int, help="events in each RSS run (default 100000)")
     p.add_argument("--memory-per-user", type=int, default=2, help="for the in-process constant")
+    p.add_argument("--state-users", type=int, help="users for the in-process per-user bytes")
+    p.add_argument("--state-ticks", help="ticks for the per-statistic state, comma-separated")
     p.add_argument("--profile", action="store_true", help="py-spy the worker (extra runs)")
     p.add_argument("--profile-label", default="before")
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
@@ -1250,6 +1257,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.memory_users is None:
         args.memory_users = "" if q else "1000,10000,50000"
     args.memory_events = args.memory_events or 100_000
+    args.state_users = args.state_users or (20_000 if q else 100_000)
+    args.state_ticks = [
+        int(t) for t in (args.state_ticks or ("1000" if q else "1000,10000")).split(",")
+    ]
     args.batches = [int(b) for b in args.batch.split(",") if b.strip()]
     args.latency_batches = [int(b) for b in args.latency_batch.split(",") if b.strip()]
     args.latency_rates = [float(r) for r in args.latency_rate.split(",") if r.strip()]
@@ -1407,9 +1418,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def constants() -> None:
         log("state constants (in process)")
-        tree_ticks = [1000] if args.quick else [1000, 10_000]
-        users = 20_000 if args.quick else 100_000
-        res.constants = state_constants(base, users, args.memory_per_user, tree_ticks)
+        res.constants = state_constants(
+            base, args.state_users, args.memory_per_user, args.state_ticks
+        )
 
     attempt("state constants", constants)
 

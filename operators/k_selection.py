@@ -133,20 +133,6 @@ def dyadic_decomposition(r: int, R: int) -> tuple[Bin, ...]:  # noqa: N803
     return tuple(out)
 
 
-def aggregate_levels(finest: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """The LOG R + 1 dyadic histograms of a finest-level histogram (exact counts).
-
-    ``finest[x - 1]`` is the count of item x; level i merges 2^(i-1) neighbours.
-    Stage 1 only ever reports the finest bins: every coarser level is a sum of them.
-    """
-    _check_power_of_two("len(finest)", len(finest))
-    levels = [tuple(int(v) for v in finest)]
-    while len(levels[-1]) > 1:
-        prev = levels[-1]
-        levels.append(tuple(prev[2 * b] + prev[2 * b + 1] for b in range(len(prev) // 2)))
-    return tuple(levels)
-
-
 def suffix_sum(hists: Sequence[Sequence[int]], r: int) -> int:
     """S(r): the sum of the (noisy) counts over the decomposition of [r, R].
 

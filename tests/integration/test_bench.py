@@ -52,6 +52,8 @@ def test_tiny_run_writes_a_well_formed_table(bootstrap, tmp_path):
         "--latency-seconds=2",
         "--latency-wait=20",
         "--memory-users=",
+        "--state-users=1000",
+        "--state-ticks=50",
         f"--contenders={','.join(CONTENDERS)}",
         f"--out={out}",
         f"--json={results}",

@@ -263,3 +263,25 @@ def test_fixed_tau_k_selection_margins():
     per_bin = ul.noise_e(1, Fraction(1, 2) / 4, Fraction(1, 80))
     assert rel.margin == pytest.approx(2 * per_bin) and rel.value == 0
     assert math.isfinite(rel.margin)
+
+
+def test_baseline_states_round_trip():
+    """Plain-data states: FixedTau, FixedTauKSelection and AdvCompMax survive JSON."""
+    noise = KeyedNoise(KEY)
+    fixed = bl.make_fixed_tau("f", "histogram", 1, 4, bins=2)
+    f_state = bl.fixed_tau_init(fixed)
+    for bands in (((1, 2),), (), ((0, 1), (3, 0))):
+        f_state, _ = bl.fixed_tau_step(fixed, f_state, bands, noise)
+    ksel = bl.make_fixed_tau_k_selection("k", 5, 1, Fraction(1, 10), 4, delta_mode="chernoff")
+    k_state = bl.fixed_tau_k_selection_init(ksel)
+    for bands in (((1, 0, 2),), ((0, 0, 0, 0, 1),)):
+        k_state, _ = bl.fixed_tau_k_selection_step(ksel, k_state, bands, noise)
+    amax = bl.make_advcomp_max("m", 4, 2, 10)
+    m_state, _ = bl.advcomp_max_step(amax, bl.advcomp_max_init(amax), [3, 1, 0, 0], noise)
+    for cls, state in (
+        (bl.FixedTauState, f_state),
+        (bl.FixedTauKSelectionState, k_state),
+        (bl.AdvCompMaxState, m_state),
+    ):
+        data = orjson.loads(orjson.dumps(state_codec.to_json(state)))
+        assert state_codec.from_json(cls, data) == state
