@@ -234,9 +234,9 @@ class AdvCompState:
 
 
 @dataclass(frozen=True, slots=True)
-class AdvCompRelease:
-    """Attributes: t; bins, one TreeRelease per bin (std and ci95 of its Laplace noise);
-    tau, the clipping bound chosen at this tick."""
+class BaselineRelease:
+    """What AdvComp and fixed-tau truncation release at a tick. Attributes: t; bins, one
+    TreeRelease per bin (std and ci95 of its noise); tau, the clipping bound used."""
 
     t: int
     bins: tuple[TreeRelease, ...]
@@ -347,7 +347,7 @@ def advcomp_step(
     bands: Sequence[Sequence[int]],
     crossings: Sequence[int],
     noise: NoiseSource,
-) -> tuple[AdvCompState, AdvCompRelease]:
+) -> tuple[AdvCompState, BaselineRelease]:
     """Tick t = state.t + 1: absorb the tick's report, rerun the static algorithm on D_t.
 
     Args:
@@ -392,7 +392,7 @@ def advcomp_step(
         for r in range(1, spec.bins)
     )
     new_state = AdvCompState(t=t, crossings=cumulative, totals=totals)
-    return new_state, AdvCompRelease(t=t, bins=releases, tau=tau)
+    return new_state, BaselineRelease(t=t, bins=releases, tau=tau)
 
 
 # ---------------------------------------------------------------------------------------
@@ -545,23 +545,6 @@ class FixedTauState:
     periods: tuple[ul.Vector, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class FixedTauRelease:
-    """Attributes: t; bins, one TreeRelease per bin; tau."""
-
-    t: int
-    bins: tuple[TreeRelease, ...]
-    tau: int
-
-    @property
-    def values(self) -> tuple[int, ...]:
-        return tuple(rel.value for rel in self.bins)
-
-    @property
-    def value(self) -> int:
-        return self.bins[0].value
-
-
 def make_fixed_tau(
     name: str,
     statistic: str,
@@ -632,7 +615,7 @@ def fixed_tau_step(
     state: FixedTauState,
     bands: Sequence[Sequence[int]],
     noise: NoiseSource,
-) -> tuple[FixedTauState, FixedTauRelease]:
+) -> tuple[FixedTauState, BaselineRelease]:
     """Tick t = state.t + 1: keep the bands 0..log2 tau of the report, advance, release.
 
     Args:
@@ -666,7 +649,7 @@ def fixed_tau_step(
         for r in range(1, spec.bins)
     )
     new_state = FixedTauState(t=tree.t, alpha=tree.alpha, periods=tree.periods)
-    return new_state, FixedTauRelease(t=tree.t, bins=releases, tau=spec.tau)
+    return new_state, BaselineRelease(t=tree.t, bins=releases, tau=spec.tau)
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .records import (
     decode_tick,
     encode_tick,
     header_kind,
-    partition_for,
+    owned_by,
 )
 from .stages import Report, Stage1, Stage2
 from .worker_support import limits_for
@@ -167,7 +167,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 events, bad = decode_events(value, kind, limits)
             except BadRecord as exc:
                 events, bad = [], [(None, exc.reason)]
-            routed = [e for e in events if partition_for(e.user_id, partitions) == partition]
+            routed = owned_by(events, partition, partitions)
             if len(routed) < len(events):
                 # A user's events must all land on one partition, or its contribution
                 # bound would be split across stage-1 states.

@@ -22,6 +22,7 @@ from .records import (
     decode_tick,
     event_json,
     header_kind,
+    owned_by,
     partition_for,
 )
 from .worker_support import limits_for
@@ -156,7 +157,7 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
                 events, _ = decode_events(value, kind, limits)
             except BadRecord:
                 continue
-            buffered += [event_json(e) for e in events if partition_for(e.user_id, partitions) == p]
+            buffered += [event_json(e) for e in owned_by(events, p, partitions)]
         if first is None:
             return  # a partition without a closed tick: nothing has been released yet
         ticks.append(by_tick)

@@ -141,8 +141,9 @@ class UserLevelCounter:
 
     def step(
         self, state: dict | None, weights: dict[str, int], noise: NoiseSource
-    ) -> tuple[dict, dict[str, Any]]:
-        """Advance one tick; return the new state and the release's fields."""
+    ) -> tuple[dict, dict[str, Any], dict[str, float] | None]:
+        """Advance one tick; return the new state, the release's fields and, when the
+        tracker or instance series spent more this tick, what both have spent so far."""
         state = dict(state or {})
         old = state.get("operator")
         op_state = self.module.init(self.spec) if old is None else self._load(old)
@@ -166,7 +167,10 @@ class UserLevelCounter:
         tracker, instances = self.series_spent(op_state)
         fields: dict[str, Any] = {"step": rel.t, **self._values(rel)}
         fields["epsilon_spent"] = float(tracker + instances)
-        return state, fields
+        spent = {"tracker_epsilon": float(tracker), "instances_epsilon": float(instances)}
+        changed = spent != state.get("spent")
+        state["spent"] = spent
+        return state, fields, spent if changed else None
 
     def _load(self, data: dict) -> Any:
         return state_codec.from_json(self.state_cls, data)
@@ -225,10 +229,6 @@ class UserLevelCounter:
             (user_level.instance_spent_epsilon(sp, st.instance) for sp, st in parts), Fraction(0)
         )
         return tracker, instances
-
-    def ledger(self, state: dict) -> dict[str, float]:
-        tracker, instances = self.series_spent(self._load(state["operator"]))
-        return {"tracker_epsilon": float(tracker), "instances_epsilon": float(instances)}
 
 
 def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevelCounter:

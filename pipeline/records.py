@@ -68,6 +68,12 @@ def partition_for(user_id: str, partitions: int) -> int:
     return (murmur2(user_id.encode()) & 0x7FFFFFFF) % partitions
 
 
+def owned_by(events: list[Event], partition: int, partitions: int) -> list[Event]:
+    """The events whose user hashes to ``partition`` (murmur2 once per distinct user)."""
+    owner = {u: partition_for(u, partitions) for u in {e.user_id for e in events}}
+    return [e for e in events if owner[e.user_id] == partition]
+
+
 def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) -> bytes | None:
     if not headers:
         return None

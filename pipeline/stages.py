@@ -97,7 +97,8 @@ class _Counted:
         return "+"
 
     def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
-        """(units, weights) of ``event`` for a user who has sent ``used`` units before.
+        """(units, weights) of ``event`` for a user who has sent ``used`` units before;
+        weights holds no zero entries.
 
         Fixed tau: "w" = the kept units (Alg. 3, partial for a straddling sum item).
         User-level: "<stream>b<band>/<bin>" = units by rank band (operators.user_level),
@@ -106,7 +107,8 @@ class _Counted:
         """
         units = int(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
         if self.fixed is not None:
-            return units, {"w": truncation.admit(self.fixed, used, units)}
+            kept = truncation.admit(self.fixed, used, units)
+            return units, ({"w": kept} if kept else {})
         out = {f"{stream}x{j}": 1 for j in user_level.crossed_powers(used, used + units)}
         if self.kind == "distinct":
             out[f"b{user_level.rank_band(used + 1)}/{event.value!r}"] = 1
@@ -167,8 +169,7 @@ class Stage1:
                     slot = stat.name if stream == "+" else f"{stat.name}/-"
                     units, weights = stat.contribution(stream, used.get(slot, 0), event)
                     used[slot] = used.get(slot, 0) + units
-                    weights = {k: v for k, v in weights.items() if v}
-                    if weights:
+                    if weights:  # never holds zeros
                         _add(kept_now.setdefault(stat.name, {}), weights)
             if not in_pending:
                 for name, weights in kept_now.items():
@@ -266,20 +267,12 @@ class Stage2:
             tick,
             stat.horizon_ticks,
         )
-        end = self._tick_end(tick)
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "statistic": name,
-            "kind": stat.kind,
-            "tick": tick,
-            "tick_end": datetime.fromtimestamp(end, UTC).isoformat(),
-            "tick_end_unix": end,
+        fields = {
             "exhausted": True,
             "value": None,
             "note": "lifetime budget spent: this statistic releases nothing more",
-            "epsilon": stat.epsilon,
-            "mechanism": self._counters[name].mechanism,
         }
+        return self._release_record(stat, tick, fields)
 
     def _exhausted_entry(self, name: str, tick: int) -> dict:
         stat = self._stats[name]
@@ -298,10 +291,8 @@ class Stage2:
     ) -> tuple[dict, list[dict]]:
         counter, stat = self._counters[name], self._stats[name]
         if isinstance(counter, UserLevelCounter):
-            before = counter.ledger(sstate["tree"]) if sstate["tree"] else None
-            sstate["tree"], fields = counter.step(sstate["tree"], weights, self._noise)
-            after = counter.ledger(sstate["tree"])
-            entries = [] if after == before else [self._spent_entry(stat, tick, fields, after)]
+            sstate["tree"], fields, spent = counter.step(sstate["tree"], weights, self._noise)
+            entries = [] if spent is None else [self._spent_entry(stat, tick, fields, spent)]
             return self._release_record(stat, tick, fields), entries
         sstate["tree"], rel = counter.step(sstate["tree"], weights.get("w", 0), self._noise)
         fields = {
