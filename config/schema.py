@@ -7,15 +7,20 @@ A bad config stops the program at start with a message that names the field
 from __future__ import annotations
 
 import logging
+import math
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpstream.operators.errors import DpStreamError
+
+if TYPE_CHECKING:
+    from dpstream.operators.cell_accountant import CellAccountantSpec
+    from dpstream.operators.cell_mean import CellMeanSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,8 @@ class InputConfig(_Model):
     # A single record (event or batch envelope) larger than this is dead-lettered.
     max_record_bytes: int = Field(1_000_000, ge=256, le=50_000_000)
     max_user_id_length: int = Field(256, ge=1, le=4096)
+    # A cell key (kind cell_mean's ``cells.field`` attribute) longer than this is rejected.
+    max_cell_key_length: int = Field(128, ge=1, le=4096)
 
     _topic = field_validator("topic")(_topic_name)
 
@@ -164,9 +171,199 @@ class Neighbours(StrEnum):
 Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 
 
-Kind = Literal["count", "sum", "histogram", "kselect", "distinct"]
+Kind = Literal["count", "sum", "histogram", "kselect", "distinct", "mean", "cell_mean"]
 # Kinds whose event ``value`` is an integer in [1, R] (R = max_value or bins).
 VALUED_KINDS = ("sum", "histogram", "kselect")
+# Kinds whose stage-1 state is per user (pipeline.stages.UserStatistic), not unit weights.
+USER_STATE_KINDS = ("mean", "cell_mean")
+
+
+class MeanConfig(_Model):
+    """kind mean: the continual mean of spec 000 Alg. 6 (user-level, pure epsilon-DP).
+
+    Values are clipped to [lower, upper] (and counted). ``max_users`` (n) and
+    ``max_samples_per_user`` (m) are declared caps: the noise is calibrated to them, and a
+    user or sample beyond them is not used, and is counted. The cap on users is split
+    evenly over the input partitions (operators.continual_mean.user_quota).
+    """
+
+    lower: float = 0.0
+    upper: float = 1.0
+    max_users: int = Field(ge=1, le=1 << 40)
+    max_samples_per_user: int = Field(ge=2, le=1 << 30)
+    # Utility failure probability of the clipping intervals (not a privacy parameter).
+    delta: float = Field(0.1, gt=0, le=1)
+    resolution: int = Field(1024, ge=1, le=1 << 20)  # grid units per (upper - lower)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> MeanConfig:
+        for name in ("lower", "upper"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name}: must be a finite number")
+        if not self.upper > self.lower:
+            raise ValueError(f"upper: must be greater than lower ({self.lower:g})")
+        return self
+
+
+# Event attributes with a meaning of their own: a cell key cannot live in one of them.
+RESERVED_EVENT_FIELDS = ("user_id", "key", "value", "ts", "op", "tick")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class CellConfig(_Model):
+    """kind cell_mean: a user-level mean per cell = (cell key, slot), spec 003.
+
+    An event's cell key is its attribute ``field`` (a string, e.g. an H3 index); its slot
+    is ``tick // slot_ticks``. The statistic's ``epsilon`` is what one cell release costs
+    each user it keeps; ``epoch_cap`` (B) is the most one user may lose through this
+    statistic in one accounting epoch of ``epoch_slots`` slots (operators.cell_accountant).
+
+    ``counts_public: false`` (default, spec 003 section 5.6 strict mode): add/remove-user
+    neighbours; only ``noisy_ratio`` with a ``contribution_cap``, no Clip-User, and the
+    public cell domain ``keys`` is released in every slot, empty or not (which cells have
+    data is itself private). ``counts_public: true``: the paper's model (spec 003
+    section 1), where who is in which cell and how often is public and only values are
+    protected; every mechanism, Clip-User and ``on_cap: skip_cell`` become available.
+    """
+
+    field: str
+    slot_ticks: int = Field(ge=1, le=1 << 30)
+    lower: float
+    upper: float
+    step: float = Field(gt=0)
+    mechanism: Literal["baseline", "array_averaging", "levy", "quantile", "noisy_ratio"] = (
+        "noisy_ratio"
+    )
+    grouping: Literal["best_fit", "wrap_around"] = "best_fit"
+    # Array capacity: "median", "eq10" or an integer; None: the mechanism's default.
+    m_ub: Literal["median", "eq10"] | int | None = None
+    gamma: float = Field(0.2, gt=0, lt=1)  # levy: failure probability of eq. (8)
+    quantile: Literal["fixed", "optimized"] = "fixed"
+    quantile_step: float | None = Field(None, gt=0)
+    # Values stage 1 keeps per (cell, user) for the array mechanisms (m_UB <= head_cap).
+    head_cap: int = Field(256, ge=1, le=1 << 16)
+    contribution_cap: int | None = Field(None, ge=1, le=1 << 16)  # noisy_ratio: c
+    counts_public: bool = False
+    clip_user: bool = False
+    clip_kappa: float = Field(1.0, ge=0, le=1000)
+    epoch_slots: int = Field(ge=1, le=1 << 30)
+    epoch_cap: float = Field(gt=0)
+    on_cap: Literal["drop_user", "skip_cell"] = "drop_user"
+    # The public cell domain: required in strict mode; with public counts it restricts
+    # the accepted cells. An event whose cell is not listed is dead-lettered.
+    keys: list[str] | None = Field(None, min_length=1, max_length=1 << 20)
+
+    @field_validator("field")
+    @classmethod
+    def _field_name(cls, v: str) -> str:
+        if not _FIELD.match(v):
+            raise ValueError("must be an attribute name ([A-Za-z_][A-Za-z0-9_]*, <= 64 chars)")
+        if v in RESERVED_EVENT_FIELDS:
+            raise ValueError(f"{v!r} is an event attribute of its own; name another one")
+        return v
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for i, key in enumerate(v):
+            if not key.strip():
+                raise ValueError(f"keys[{i}] is empty")
+        if len(set(v)) != len(v):
+            raise ValueError("has duplicate cell keys")
+        return v
+
+    @model_validator(mode="after")
+    def _modes(self) -> CellConfig:
+        for name in ("lower", "upper"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name}: must be a finite number")
+        if not self.upper > self.lower:
+            raise ValueError(f"upper: must be greater than lower ({self.lower:g})")
+        if not self.counts_public:
+            if self.mechanism != "noisy_ratio":
+                raise ValueError(
+                    f"counts_public: mechanism {self.mechanism} treats who is in which cell as "
+                    "public (spec 003 section 1); set counts_public: true, or use noisy_ratio "
+                    "(strict mode, section 5.6)"
+                )
+            if self.clip_user:
+                raise ValueError("clip_user: needs counts_public: true (it reads all counts)")
+            if self.on_cap == "skip_cell":
+                raise ValueError(
+                    "on_cap: skip_cell needs counts_public: true (skipping a cell for one "
+                    "user's history would reveal that user to the others' release)"
+                )
+            if self.keys is None:
+                raise ValueError(
+                    "keys: required when counts_public is false: every slot releases every "
+                    "listed cell, empty or not (which cells have data is private)"
+                )
+        if self.mechanism == "noisy_ratio" and self.contribution_cap is None:
+            raise ValueError(
+                "contribution_cap: required for mechanism noisy_ratio (c values per cell and user)"
+            )
+        if self.mechanism != "noisy_ratio" and self.contribution_cap is not None:
+            raise ValueError(f"contribution_cap: only applies to noisy_ratio, not {self.mechanism}")
+        if "clip_kappa" in self.model_fields_set and not self.clip_user:
+            raise ValueError("clip_kappa: only applies with clip_user: true")
+        from dpstream.operators.errors import InvalidOperatorConfig
+
+        try:  # what only the operators check (grid multiples, ...), named as here
+            self.operator_spec(1.0)
+            self.accountant_spec()
+        except InvalidOperatorConfig as exc:
+            name, _, rest = str(exc).partition(" must be ")
+            raise ValueError(f"{name}: must be {rest}" if rest else str(exc)) from None
+        return self
+
+    def head_cap_used(self) -> int:
+        """Values stage 1 keeps per (cell, user): Baseline needs none beyond count and sum
+        (1), noisy_ratio its first c, the array mechanisms ``head_cap``."""
+        if self.mechanism == "baseline":
+            return 1
+        if self.mechanism == "noisy_ratio":
+            assert self.contribution_cap is not None
+            return self.contribution_cap
+        return self.head_cap
+
+    def operator_spec(self, epsilon: float) -> CellMeanSpec:
+        """The ``operators.cell_mean`` spec of one cell release at ``epsilon``."""
+        from dpstream.operators import cell_mean
+
+        def exact(x: float) -> str:
+            return repr(x)  # the decimal the user wrote: 0.1 is 1/10 (exact_fraction)
+
+        return cell_mean.make_cell_mean(
+            self.mechanism,
+            exact(epsilon),
+            exact(self.lower),
+            exact(self.upper),
+            exact(self.step),
+            counts_public=self.counts_public,
+            grouping=self.grouping,
+            m_ub=self.m_ub,
+            gamma=exact(self.gamma),
+            quantile=self.quantile,
+            quantile_step=None if self.quantile_step is None else exact(self.quantile_step),
+            head_cap=self.head_cap_used(),
+            contribution_cap=self.contribution_cap,
+        )
+
+    def accountant_spec(self) -> CellAccountantSpec:
+        """The ``operators.cell_accountant`` spec: B per epoch, the mode, on_cap."""
+        from dpstream.operators import cell_accountant
+
+        return cell_accountant.make_cell_accountant(
+            repr(self.epoch_cap), self.counts_public, self.on_cap
+        )
+
+
+_NOT_FOR_USER_STATE = (
+    "tau", "beta", "theta", "practical", "practical_instances", "deletions", "mechanism",
+    "k", "lam", "delay", "horizon_ticks",
+)
 
 
 class StatisticConfig(_Model):
@@ -200,6 +397,10 @@ class StatisticConfig(_Model):
     lam: float | None = Field(None, alias="lambda", ge=0, le=16)
     delay: int = Field(0, ge=0, description="spec 004's B: no privacy loss for B steps")
     horizon_ticks: int | None = Field(None, ge=1)
+    # kind mean: its bounds and caps (spec 000).
+    mean: MeanConfig | None = None
+    # kind cell_mean: cells, slots, mechanism and the epoch cap (spec 003).
+    cells: CellConfig | None = None
     # Count only events whose ``key`` equals this; None counts every event.
     key: str | None = None
 
@@ -220,9 +421,14 @@ class StatisticConfig(_Model):
         return v
 
     @property
+    def user_state(self) -> bool:
+        """Stage 1 keeps a state per user for it (a mean), not per-user unit counts."""
+        return self.kind in USER_STATE_KINDS
+
+    @property
     def user_level(self) -> bool:
         """The contribution bound is tracked privately (spec 001 Alg. 5), not configured."""
-        return self.tau == "auto"
+        return self.tau == "auto" and not self.user_state
 
     @property
     def fixed_tau(self) -> int:
@@ -232,6 +438,18 @@ class StatisticConfig(_Model):
     @model_validator(mode="after")
     def _kind_parameters(self) -> StatisticConfig:
         kind = self.kind
+        if (kind == "mean") != (self.mean is not None):
+            raise ValueError(
+                "mean: required for kind mean" if kind == "mean"
+                else f"mean: only applies to kind mean, not {kind}"
+            )
+        if (kind == "cell_mean") != (self.cells is not None):
+            raise ValueError(
+                "cells: required for kind cell_mean" if kind == "cell_mean"
+                else f"cells: only applies to kind cell_mean, not {kind}"
+            )
+        if self.cells is not None:
+            self._check_cells(self.cells)
         if kind == "sum" and self.max_value is None:
             raise ValueError("max_value: required for kind sum (values are integers 1..R)")
         if kind != "sum" and self.max_value is not None:
@@ -246,6 +464,12 @@ class StatisticConfig(_Model):
             raise ValueError(f"rank: only applies to kind kselect, not {kind}")
         if isinstance(self.rank, int) and self.rank < 1:
             raise ValueError("rank: an integer rank must be >= 1")
+        if self.user_state:
+            # Its own mechanism bounds each user's contribution; none of these apply.
+            for name in _NOT_FOR_USER_STATE:
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name}: does not apply to kind {kind}")
+            return self
         if not self.user_level and kind not in ("count", "sum"):
             raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: count and sum)")
         if self.user_level and self.mechanism != "binary":
@@ -256,6 +480,13 @@ class StatisticConfig(_Model):
             # Distinct count with deletions is open (spec 001 section 2.11).
             raise ValueError(f"deletions: not supported for kind {kind}")
         return self
+
+    def _check_cells(self, cells: CellConfig) -> None:
+        if cells.epoch_cap < self.epsilon:
+            raise ValueError(
+                f"cells.epoch_cap: B = {cells.epoch_cap:g} is below one cell's epsilon "
+                f"({self.epsilon:g}), so no cell could ever be released"
+            )
 
     @model_validator(mode="after")
     def _mechanism_parameters(self) -> StatisticConfig:
@@ -284,7 +515,15 @@ class StatisticConfig(_Model):
         A tree counter spends ``epsilon`` over its whole infinite stream. An expiring one
         (spec 004) protects an item of age d with epsilon * g(d), which grows with d: it
         is charged at the declared ``horizon_ticks`` (the ledger records the whole curve).
+
+        A per-cell mean (``cell_mean``) is charged its epoch cap B: what one user can lose
+        through it in ONE accounting epoch (spec 003 section 5.1). Its loss grows by up
+        to B per epoch, so with a cell_mean in the pipeline ``total_epsilon`` bounds what
+        a user loses within any one epoch (every other statistic's whole-stream loss
+        included), not over the whole stream (docs/design.md section 12).
         """
+        if self.cells is not None:
+            return self.cells.epoch_cap
         if self.mechanism != "expiring":
             return self.epsilon
         from fractions import Fraction
@@ -355,7 +594,7 @@ def parse_config(data: object, source: str = "<config>") -> PipelineConfig:
             msg = err["msg"].removeprefix("Value error, ")
             field = _field_path(err["loc"])
             # Model-level checks start their message with the field they are about.
-            inner = re.match(r"^(\w+): ", msg)
+            inner = re.match(r"^(\w+(?:\.\w+)*): ", msg)
             if not err["loc"]:
                 lines.append(msg)
             elif inner and err["type"] == "value_error":

@@ -31,7 +31,7 @@ from .records import (
     header_kind,
     owned_by,
 )
-from .stages import Report, Stage1, Stage2
+from .stages import Report, Stage1, Stage2, users_of_partition
 from .worker_support import limits_for
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,24 @@ class KeyPrefix(MutableMapping[str, dict]):
         return sum(1 for _ in self)
 
 
+def flush_completely(app: faust.App) -> None:
+    """Make the producer's flush wait until its send buffer is really empty.
+
+    Before committing input offsets Faust flushes the producer, but its ``ProducerBuffer``
+    gives up after 0.1 s without a send (``flush_atmost``, faust-streaming 0.15.3), so
+    offsets were committed while table changelog writes of the committed records still
+    sat in the buffer: a crash then lost those writes for good (a user's units missing
+    after the restart or failover; docs/reliability.md). The commit now waits for them.
+    """
+    buffer = app.producer.buffer
+
+    async def flush() -> None:
+        while buffer.size:
+            await buffer.flush_atmost(None)
+
+    buffer.flush = flush  # type: ignore[method-assign]
+
+
 def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
     """Build the worker's Faust app for one pipeline definition."""
     partitions = cfg.input.partitions
@@ -101,6 +119,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         # SASL/TLS from the config's kafka: section (None: PLAINTEXT).
         broker_credentials=faust_credentials(cfg.kafka),
     )
+    flush_completely(app)
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     input_topic = app.topic(cfg.input.topic, partitions=partitions, **raw)
     stage2_topic = app.topic(cfg.stage2_topic, partitions=partitions, **raw)
@@ -156,7 +175,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             except BadRecord as exc:
                 sent.append(await reject(exc.reason, partition, offset, value))
             else:
-                for report in stage1.close_tick(pstate, partition, tick):
+                entries = users_of_partition(users, partition, partitions)
+                for report in stage1.close_tick(pstate, partition, tick, entries):
                     sent.append(
                         await stage2_topic.send(
                             key=report.statistic.encode(), value=orjson.dumps(report.to_json())
@@ -174,7 +194,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 bad += [(None, "misrouted: user_id does not hash to this partition")] * (
                     len(events) - len(routed)
                 )
-            stage1.add_events(pstate, users, routed, offset)
+            stage1.add_events(pstate, users, routed, offset, partition)
             if offset > pstate["last_offset"]:  # a re-delivered record was dead-lettered before
                 for index, reason in bad:
                     sent.append(await reject(reason, partition, offset, value, index))

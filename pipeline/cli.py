@@ -76,6 +76,24 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             )
             if value is not None
         )
+        if s.cells is not None:
+            c = s.cells
+            mode = "public counts" if c.counts_public else "strict"
+            print(
+                f"  {s.name}: cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per "
+                f"cell, cells by {c.field!r} x {c.slot_ticks}-tick slots, epoch_cap="
+                f"{c.epoch_cap:g} per {c.epoch_slots} slots -> {cfg.release_topic(s.name)}"
+            )
+            continue
+        if s.mean is not None:
+            m = s.mean
+            print(
+                f"  {s.name}: continual mean (spec 000 Alg. 6) of values in "
+                f"[{m.lower:g}, {m.upper:g}], epsilon={s.epsilon:g}, at most {m.max_users} "
+                f"users x {m.max_samples_per_user} samples{params} -> "
+                f"{cfg.release_topic(s.name)}"
+            )
+            continue
         print(
             f"  {s.name}: {s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}"
             f"{params} -> {cfg.release_topic(s.name)}"
@@ -85,8 +103,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 f"    an item {s.horizon_ticks} ticks old has lost {s.budget_cost():g}; "
                 "older items lose more (the ledger records the curve)"
             )
+    per_epoch = " per accounting epoch" if any(s.cells for s in cfg.statistics) else ""
     print(
-        f"  per-user loss across statistics: {spent:g} of total_epsilon="
+        f"  per-user loss across statistics: {spent:g}{per_epoch} of total_epsilon="
         f"{cfg.privacy.total_epsilon:g} ({cfg.privacy.neighbours.value} neighbours)"
     )
     return 0

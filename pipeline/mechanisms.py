@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpstream.config.schema import StatisticConfig
+from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import (
     deletions,
     distinct_count,
@@ -25,6 +25,9 @@ from dpstream.operators import (
 )
 from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import TreeRelease
+
+if TYPE_CHECKING:
+    from .stages import UserStatistic
 
 
 @dataclass(frozen=True)
@@ -276,3 +279,15 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
         stat.name, eps, beta, theta, bins=bins, multiplier=2 if any_subset else 1, **options
     )
     return UserLevelCounter(stat, user_level, spec, user_level.UserLevelState, user_level.MECHANISM)
+
+
+def user_statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> UserStatistic:
+    """The ``UserStatistic`` of a kind whose stage-1 state is per user (USER_STATE_KINDS)."""
+    from .cells import CellMeanStatistic
+    from .means import ContinualMeanStatistic
+
+    if stat.kind == "mean":
+        return ContinualMeanStatistic.of(stat, cfg)
+    if stat.kind == "cell_mean":
+        return CellMeanStatistic.of(stat, cfg)
+    raise ValueError(f"kind {stat.kind!r} keeps no per-user state")  # the schema rules it out

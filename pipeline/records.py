@@ -3,7 +3,9 @@
 An input record is one of:
   * an event: a JSON object
     ``{"user_id": str, "value"?: number, "key"?: str, "ts"?: number|str, "op"?: "insert"|"delete"}``
-    keyed by user_id (``op: delete`` feeds the deletion stream of statistics that have one);
+    keyed by user_id (``op: delete`` feeds the deletion stream of statistics that have one),
+    plus, for a ``cell_mean`` statistic, its cell attribute (``cells.field``, e.g.
+    ``"h3": "8a2a1072b59ffff"``: a non-empty string);
   * a batch envelope (header ``dpstream: batch``): a JSON array of events whose users all
     hash to the record's partition (our producer groups them so);
   * a tick marker (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
@@ -41,6 +43,15 @@ class Event:
     key: str | None
     value: float | None
     delete: bool = False
+    # (attribute, cell key) for each configured cell attribute the event carries.
+    cells: tuple[tuple[str, str], ...] = ()
+
+    def cell(self, field: str) -> str | None:
+        """The event's cell key in attribute ``field`` (None: it has none)."""
+        for name, value in self.cells:
+            if name == field:
+                return value
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,8 @@ class ValueRule:
     needs_value: bool
     max_value: int | None  # an integer in [1, max_value]; None: any finite number
     deletions: bool  # it counts "op": "delete" events (as its deletion stream)
+    cell_field: str | None = None  # cell_mean: the attribute holding the cell key
+    cell_keys: frozenset[str] | None = None  # cell_mean: the public cell domain, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +74,9 @@ class Limits:
     # The event keys some statistic counts; None when a statistic counts every event.
     known_keys: frozenset[str] | None
     value_rules: tuple[ValueRule, ...] = ()
+    # Event attributes that hold a cell key (kind cell_mean), and their longest value.
+    cell_fields: tuple[str, ...] = ()
+    max_cell_key_length: int = 128
 
 
 def partition_for(user_id: str, partitions: int) -> int:
@@ -115,7 +131,19 @@ def parse_event(obj: object, limits: Limits) -> Event:
     op = obj.get("op", "insert")
     if op not in ("insert", "delete"):
         raise BadRecord("op is not insert or delete")
-    event = Event(user_id=user_id, key=key, value=value, delete=op == "delete")
+    cells: tuple[tuple[str, str], ...] = ()
+    for field in limits.cell_fields:
+        cell = obj.get(field)
+        if cell is None:
+            continue  # a statistic that needs it rejects the event below
+        if not isinstance(cell, str):
+            raise BadRecord(f"{field} is not a string")
+        if not cell.strip():
+            raise BadRecord(f"empty {field}")
+        if len(cell) > limits.max_cell_key_length:
+            raise BadRecord(f"{field} too long")
+        cells += ((field, cell),)
+    event = Event(user_id=user_id, key=key, value=value, delete=op == "delete", cells=cells)
     _check_value_rules(event, limits.value_rules)
     return event
 
@@ -137,6 +165,12 @@ def _check_value_rules(event: Event, rules: tuple[ValueRule, ...]) -> None:
             raise BadRecord(f"value is not an integer (statistic {rule.statistic})")
         elif not 1 <= event.value <= rule.max_value:
             raise BadRecord(f"value outside [1, {rule.max_value}] (statistic {rule.statistic})")
+        if rule.cell_field is not None:
+            cell = event.cell(rule.cell_field)
+            if cell is None:
+                raise BadRecord(f"missing {rule.cell_field} (statistic {rule.statistic})")
+            if rule.cell_keys is not None and cell not in rule.cell_keys:
+                raise BadRecord(f"{rule.cell_field} not in cells.keys (statistic {rule.statistic})")
     if event.delete and not deletable:
         raise BadRecord("op delete: no statistic with deletions counts this event")
 
@@ -224,4 +258,6 @@ def event_json(event: Event) -> dict[str, object]:
         out["value"] = event.value
     if event.delete:
         out["op"] = "delete"
+    for field, cell in event.cells:
+        out[field] = cell
     return out

@@ -19,8 +19,8 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
-from .records import BATCH, BadRecord, decode_events, decode_tick
-from .stages import Stage1, Stage2
+from .records import BATCH, BadRecord, Event, decode_events, decode_tick, partition_for
+from .stages import Stage1, Stage2, users_of_partition
 from .worker_support import limits_for
 
 
@@ -29,9 +29,12 @@ def replay(
 ) -> Iterator[dict]:
     """Yield every release (in order) that the pipeline would publish for this log."""
     limits = limits_for(cfg)
-    stage1, stage2 = Stage1(cfg), Stage2(cfg, noise, partitions=1)
+    # The input's partitions, as in the worker: a continual mean splits its user cap
+    # and packs its median arrays per partition (every other kind merely adds up).
+    partitions = cfg.input.partitions
+    stage1, stage2 = Stage1(cfg), Stage2(cfg, noise, partitions)
     users: dict[str, dict] = {}
-    pstate = Stage1.new_partition_state()
+    pstates = [Stage1.new_partition_state() for _ in range(partitions)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
@@ -40,9 +43,12 @@ def replay(
         try:
             obj = orjson.loads(line)
             if isinstance(obj, dict) and "tick" in obj and "user_id" not in obj:
-                for report in stage1.close_tick(pstate, 0, decode_tick(line)):
-                    releases, _ = stage2.on_report(sstates[report.statistic], report)
-                    yield from releases
+                tick = decode_tick(line)
+                for p, pstate in enumerate(pstates):
+                    entries = users_of_partition(users, p, partitions)
+                    for report in stage1.close_tick(pstate, p, tick, entries):
+                        releases, _ = stage2.on_report(sstates[report.statistic], report)
+                        yield from releases
                 continue
             kind = BATCH if isinstance(obj, list) else None
             events, bad = decode_events(line, kind, limits)
@@ -54,8 +60,12 @@ def replay(
             events = []
         if rejected is not None:
             rejected.extend((lineno, index, reason) for index, reason in bad)
-        stage1.add_events(pstate, users, events, lineno)
-        pstate["last_offset"] = lineno
+        by_partition: dict[int, list[Event]] = {}
+        for event in events:
+            by_partition.setdefault(partition_for(event.user_id, partitions), []).append(event)
+        for p, pstate in enumerate(pstates):
+            stage1.add_events(pstate, users, by_partition.get(p, []), lineno, p)
+            pstate["last_offset"] = lineno
 
 
 def replay_file(cfg: PipelineConfig, path: str, noise: NoiseSource) -> Iterator[bytes]:

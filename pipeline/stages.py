@@ -12,9 +12,10 @@ States are plain JSON-able dicts with string keys, because they live in Faust ta
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import truncation, user_level
@@ -26,8 +27,9 @@ from .mechanisms import (
     counter_for,
     expiration_curve,
     user_level_counter_for,
+    user_statistic_for,
 )
-from .records import Event
+from .records import Event, partition_for
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,8 @@ class Report:
     """Stage 1 -> stage 2: partition ``partition`` closed ticks ``from_tick..tick``.
 
     Ticks before ``tick`` in that range were empty (caught-up markers); ``weights`` holds
-    what the partition's users contributed in ``tick`` (see ``Stage1`` for the keys).
+    what the partition's users contributed in ``tick`` (see ``Stage1`` for the keys), and
+    ``payload`` the tick's message of a ``UserStatistic`` (None: nothing to say).
     """
 
     statistic: str
@@ -47,15 +50,19 @@ class Report:
     from_tick: int
     tick: int
     weights: dict[str, int]
+    payload: Any = None
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "statistic": self.statistic,
             "partition": self.partition,
             "from_tick": self.from_tick,
             "tick": self.tick,
             "weights": self.weights,
         }
+        if self.payload is not None:
+            out["payload"] = self.payload
+        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> Report:
@@ -65,7 +72,61 @@ class Report:
             from_tick=int(obj["from_tick"]),
             tick=int(obj["tick"]),
             weights={str(k): int(v) for k, v in obj["weights"].items()},
+            payload=obj.get("payload"),
         )
+
+
+Users = Callable[[], Iterable[tuple[str, Any]]]
+"""The (user id, state) pairs of one statistic over one stage-1 partition's users."""
+
+
+class UserStatistic(Protocol):
+    """A statistic whose stage-1 state is per user and per partition, not unit weights
+    (continual means, per-cell means). Every state, redo record and payload is plain JSON.
+
+    Stage 1 calls ``apply`` once per (record, user) with the user's events that
+    ``counts``, ``redo`` when a re-delivered record's user entry survived a crash but the
+    partition state did not (see ``Stage1.add_events``), and ``close_tick`` at a marker.
+    Stage 2 ``merge``s the partitions' payloads of a tick and calls ``step`` once per
+    closed tick (payload None: no partition had anything), in tick order.
+    """
+
+    name: str
+    mechanism: str
+
+    def counts(self, event: Event) -> bool: ...
+
+    def apply(
+        self, pstate: Any, ustate: Any, events: list[Event], partition: int
+    ) -> tuple[Any, Any, Any]:
+        """(partition state, user state, redo record) after the user's events."""
+        ...
+
+    def redo(self, pstate: Any, redo: Any, partition: int) -> Any: ...
+
+    def close_tick(
+        self, pstate: Any, partition: int, from_tick: int, tick: int, users: Users
+    ) -> tuple[Any, Any]:
+        """(partition state, payload or None) at the marker of ``tick``; the ticks
+        ``from_tick..tick-1`` were empty (markers caught up after a gap)."""
+        ...
+
+    def merge(self, a: Any, b: Any) -> Any: ...
+
+    def step(
+        self, sstate: Any, payload: Any, tick: int, noise: NoiseSource
+    ) -> tuple[Any, list[dict], list[dict]]:
+        """(state, release fields, ledger entries) of one closed tick."""
+        ...
+
+    def ledger_start(self) -> dict[str, Any]:
+        """What the statistic's first ledger entry says beyond the common fields."""
+        ...
+
+    def payload_ticks(self, report: Report) -> list[tuple[int, Any]]:
+        """The report's payload as (tick, part) pairs, ticks in ``from_tick..tick``: a
+        cell's slot sent at the marker after a gap is stepped at the slot's last tick."""
+        ...
 
 
 def _add(into: dict[str, int], weights: dict[str, int]) -> None:
@@ -125,14 +186,20 @@ class Stage1:
     crossing each power of two for the user-level mechanisms (Alg. 5)."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
-        self._stats = [_Counted.of(s) for s in cfg.statistics]
+        self._stats = [_Counted.of(s) for s in cfg.statistics if not s.user_state]
+        self._user_stats = [user_statistic_for(s, cfg) for s in cfg.statistics if s.user_state]
 
     @staticmethod
     def new_partition_state() -> dict:
         return {"last_offset": -1, "last_tick": None, "pending": {}}
 
     def add_events(
-        self, pstate: dict, users: MutableMapping[str, dict], events: list[Event], offset: int
+        self,
+        pstate: dict,
+        users: MutableMapping[str, dict],
+        events: list[Event],
+        offset: int,
+        partition: int = 0,
     ) -> None:
         """Count record ``offset``'s events against their users' totals; add what they
         contribute to this tick's pending sums.
@@ -146,6 +213,9 @@ class Stage1:
         pipeline/app.py keeps both kinds of entry in one changelog partition, in write
         order, so a crash loses a suffix of the writes: only the LAST record's entries
         can be ahead of the partition state, which is what this handles.
+
+        A ``UserStatistic`` keeps its user's state in the entry ("state") and what the
+        record did to the partition's state ("redo"), re-applied in the same case.
         """
         in_pending = offset <= pstate["last_offset"]
         pending: dict[str, dict[str, int]] = pstate["pending"]
@@ -159,6 +229,7 @@ class Stage1:
                 if stored["offset"] == offset and not in_pending:
                     for name, weights in stored["kept"].items():
                         _add(pending.setdefault(name, {}), weights)
+                    self._redo(pstate, stored.get("redo", {}), partition)
                 continue
             used, kept_now = dict(stored["used"]), {}
             for event in user_events:
@@ -174,10 +245,56 @@ class Stage1:
             if not in_pending:
                 for name, weights in kept_now.items():
                     _add(pending.setdefault(name, {}), weights)
-            users[user_id] = {"used": used, "offset": offset, "kept": kept_now}
+            entry = {"used": used, "offset": offset, "kept": kept_now}
+            if self._user_stats:
+                self._apply_user_stats(pstate, stored, entry, user_events, partition, in_pending)
+            users[user_id] = entry
 
-    def close_tick(self, pstate: dict, partition: int, tick: int) -> list[Report]:
-        """Handle tick marker ``tick``; a duplicate or stale marker yields nothing."""
+    def _apply_user_stats(
+        self,
+        pstate: dict,
+        stored: dict,
+        entry: dict,
+        events: list[Event],
+        partition: int,
+        in_pending: bool,
+    ) -> None:
+        # in_pending (the partition state has the record, this user's entry does not)
+        # cannot follow from the one-changelog write order; the user's state is still
+        # advanced, the partition's is not touched twice.
+        slots = pstate.setdefault("stats", {})
+        states, redos = dict(stored.get("state", {})), {}
+        for stat in self._user_stats:
+            mine = [e for e in events if stat.counts(e)]
+            if not mine:
+                continue
+            slot, states[stat.name], redos[stat.name] = stat.apply(
+                slots.get(stat.name), states.get(stat.name), mine, partition
+            )
+            if not in_pending:
+                slots[stat.name] = slot
+        entry["state"], entry["redo"] = states, redos
+
+    def _redo(self, pstate: dict, redos: dict, partition: int) -> None:
+        if not redos:
+            return
+        slots = pstate.setdefault("stats", {})
+        for stat in self._user_stats:
+            if stat.name in redos:
+                slots[stat.name] = stat.redo(slots.get(stat.name), redos[stat.name], partition)
+
+    def close_tick(
+        self,
+        pstate: dict,
+        partition: int,
+        tick: int,
+        users: Callable[[], Iterable[tuple[str, dict]]] = tuple,
+    ) -> list[Report]:
+        """Handle tick marker ``tick``; a duplicate or stale marker yields nothing.
+
+        ``users`` returns the (user id, entry) pairs of this partition's users; it is
+        called only by a ``UserStatistic`` that needs them (a median, a cell's close).
+        """
         last = pstate["last_tick"]
         if last is not None and tick <= last:
             return []
@@ -187,9 +304,37 @@ class Stage1:
             Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}))
             for stat in self._stats
         ]
+        slots = pstate.setdefault("stats", {}) if self._user_stats else {}
+        for stat in self._user_stats:
+            slots[stat.name], payload = stat.close_tick(
+                slots.get(stat.name), partition, from_tick, tick, _states_of(stat.name, users)
+            )
+            reports.append(Report(stat.name, partition, from_tick, tick, {}, payload))
         pstate["pending"] = {}
         pstate["last_tick"] = tick
         return reports
+
+
+def users_of_partition(
+    users: Mapping[str, dict], partition: int, partitions: int
+) -> Callable[[], Iterable[tuple[str, dict]]]:
+    """For ``Stage1.close_tick``: the entries in ``users`` of the partition's users (a
+    worker's table holds every partition it owns)."""
+    return lambda: (
+        (user_id, entry)
+        for user_id, entry in users.items()
+        if partition_for(user_id, partitions) == partition
+    )
+
+
+def _states_of(name: str, users: Callable[[], Iterable[tuple[str, dict]]]) -> Users:
+    def states() -> Iterable[tuple[str, Any]]:
+        for user_id, entry in users():
+            state = entry.get("state", {}).get(name)
+            if state is not None:
+                yield user_id, state
+
+    return states
 
 
 class Stage2:
@@ -201,13 +346,15 @@ class Stage2:
         self._noise = CachedNoise(noise, maxsize=1 << 14)
         self._partitions = partitions
         self._stats = {s.name: s for s in cfg.statistics}
-        factor = 2 if cfg.privacy.neighbours is Neighbours.any_subset else 1
-        self._counters: dict[str, Counter | UserLevelCounter] = {
-            s.name: user_level_counter_for(s, factor == 2)
-            if s.user_level
-            else counter_for(s, factor * s.fixed_tau)
-            for s in cfg.statistics
-        }
+        self._counters = {s.name: self._counter_for(s) for s in cfg.statistics}
+
+    def _counter_for(self, stat: StatisticConfig) -> Counter | UserLevelCounter | UserStatistic:
+        if stat.user_state:
+            return user_statistic_for(stat, self._cfg)
+        any_subset = self._cfg.privacy.neighbours is Neighbours.any_subset
+        if stat.user_level:
+            return user_level_counter_for(stat, any_subset)
+        return counter_for(stat, (2 if any_subset else 1) * stat.fixed_tau)
 
     @staticmethod
     def new_state() -> dict:
@@ -229,6 +376,13 @@ class Stage2:
         sstate["reported"][part] = report.tick
         if report.weights:
             _add(sstate["pending"].setdefault(str(report.tick), {}), report.weights)
+        if report.payload is not None:
+            counter = self._counters[report.statistic]
+            for tick, payload in counter.payload_ticks(report):  # type: ignore[union-attr]
+                key = str(min(max(tick, report.from_tick), report.tick))
+                old = sstate["pending"].get(key)
+                merged = payload if old is None else counter.merge(old, payload)  # type: ignore[union-attr]
+                sstate["pending"][key] = merged
         if len(sstate["reported"]) < self._partitions:
             return [], []
         origin = min(sstate["first"].values())
@@ -247,8 +401,8 @@ class Stage2:
                 releases.append(self._exhausted_marker(report.statistic, tick))
                 ledger.append(self._exhausted_entry(report.statistic, tick))
                 continue
-            release, entries = self._advance(sstate, report.statistic, tick, weights)
-            releases.append(release)
+            out, entries = self._advance(sstate, report.statistic, tick, weights)
+            releases.extend(out)
             ledger.extend(entries)
         return releases, ledger
 
@@ -287,14 +441,26 @@ class Stage2:
         }
 
     def _advance(
-        self, sstate: dict, name: str, tick: int, weights: dict[str, int]
-    ) -> tuple[dict, list[dict]]:
+        self, sstate: dict, name: str, tick: int, pending: Any
+    ) -> tuple[list[dict], list[dict]]:
+        """One closed tick: (releases, ledger entries). ``pending`` is the tick's summed
+        weights, or a UserStatistic's merged payload (None or {} when nothing came)."""
         counter, stat = self._counters[name], self._stats[name]
         if isinstance(counter, UserLevelCounter):
-            sstate["tree"], fields, spent = counter.step(sstate["tree"], weights, self._noise)
+            sstate["tree"], fields, spent = counter.step(sstate["tree"], pending, self._noise)
             entries = [] if spent is None else [self._spent_entry(stat, tick, fields, spent)]
-            return self._release_record(stat, tick, fields), entries
-        sstate["tree"], rel = counter.step(sstate["tree"], weights.get("w", 0), self._noise)
+            return [self._release_record(stat, tick, fields)], entries
+        if not isinstance(counter, Counter):
+            sstate["tree"], out, entries = counter.step(
+                sstate["tree"], pending or None, tick, self._noise
+            )
+            common = {"schema_version": SCHEMA_VERSION, "statistic": name, "tick": tick}
+            total = {"total_epsilon": self._cfg.privacy.total_epsilon}
+            return (
+                [self._release_record(stat, tick, fields) for fields in out],
+                [{**common, **entry, **total} for entry in entries],
+            )
+        sstate["tree"], rel = counter.step(sstate["tree"], pending.get("w", 0), self._noise)
         fields = {
             "step": rel.t,
             "value": rel.value,
@@ -302,7 +468,7 @@ class Stage2:
             "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
             "tau": stat.tau,
         }
-        return self._release_record(stat, tick, fields), []
+        return [self._release_record(stat, tick, fields)], []
 
     def _tick_end(self, tick: int) -> float:
         return (tick + 1) * self._cfg.ticks.interval_seconds
@@ -319,12 +485,16 @@ class Stage2:
             **fields,
             "confidence": 0.95,
             "epsilon": stat.epsilon,
-            "neighbours": self._cfg.privacy.neighbours.value,
+            "neighbours": self._neighbours(stat.name),
             "mechanism": self._counters[stat.name].mechanism,
         }
         if self._cfg.noise.mode.value != "keyed":
             record["insecure"] = self._cfg.noise.mode.value
         return record
+
+    def _neighbours(self, name: str) -> str:
+        """The neighbouring relation the statistic's guarantee is stated for."""
+        return getattr(self._counters[name], "neighbours", self._cfg.privacy.neighbours.value)
 
     def _spent_entry(self, stat: StatisticConfig, tick: int, fields: dict, spent: dict) -> dict:
         """The accountant: what the tracker and instance series have committed so far."""
@@ -353,10 +523,13 @@ class Stage2:
             "epsilon": stat.epsilon,
             "mechanism": counter.mechanism,
             "tau": stat.tau,
-            "neighbours": self._cfg.privacy.neighbours.value,
+            "neighbours": self._neighbours(name),
             "note": "whole infinite stream (parallel composition over periods)",
             "total_epsilon": self._cfg.privacy.total_epsilon,
         }
+        if not isinstance(counter, Counter | UserLevelCounter):
+            del entry["tau"]
+            return {**entry, **counter.ledger_start()}
         if isinstance(counter, UserLevelCounter):
             entry["note"] = (
                 "spec 001 Alg. 5 over the whole infinite stream: tracker series below "

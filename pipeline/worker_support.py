@@ -25,13 +25,26 @@ def limits_for(cfg: PipelineConfig) -> Limits:
         # A statistic without a key filter counts every event, whatever its key.
         known_keys=None if None in keys else frozenset(keys),
         value_rules=tuple(value_rule(s) for s in cfg.statistics),
+        cell_fields=tuple(sorted({s.cells.field for s in cfg.statistics if s.cells})),
+        max_cell_key_length=cfg.input.max_cell_key_length,
     )
 
 
 def value_rule(stat: StatisticConfig) -> ValueRule:
-    """Count ignores values; distinct needs one; sum, histogram and kselect need 1..R."""
+    """Count ignores values; distinct needs one; sum, histogram and kselect need 1..R;
+    mean and cell_mean any finite number (clipped by the mechanism), and cell_mean the
+    cell attribute (in ``cells.keys`` when that is given)."""
     bound = stat.max_value if stat.kind == "sum" else stat.bins
-    return ValueRule(stat.name, stat.key, stat.kind != "count", bound, stat.deletions)
+    cells = stat.cells
+    return ValueRule(
+        stat.name,
+        stat.key,
+        stat.kind != "count",
+        bound,
+        stat.deletions,
+        cell_field=None if cells is None else cells.field,
+        cell_keys=None if cells is None or cells.keys is None else frozenset(cells.keys),
+    )
 
 
 def load_noise(cfg: PipelineConfig) -> NoiseSource:

@@ -22,7 +22,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.records import partition_for
+from dpstream.pipeline.replay import replay
 from dpstream.pipeline.synthetic import synthetic_events
+from dpstream.pipeline.worker_support import load_noise
 from tests.conftest import WorkerProcess, wait_until, worker_pool
 
 pytestmark = pytest.mark.integration
@@ -116,6 +118,15 @@ def wait_for_tick(worker: WorkerProcess, rd: dict[str, TopicReader], tick: int) 
         )
 
     wait_until(done, 60, f"releases up to tick {tick}", worker)
+
+
+def replayed_releases(cfg, bootstrap: str) -> dict[str, list[bytes]]:
+    """``dpstream replay`` of the exported input log (the worker's key must be in the
+    environment), per statistic, as the worker serializes releases."""
+    out: dict[str, list[bytes]] = defaultdict(list)
+    for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):
+        out[release["statistic"]].append(orjson.dumps(release))
+    return out
 
 
 def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:

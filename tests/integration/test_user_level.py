@@ -12,16 +12,18 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import defaultdict
 
 import numpy as np
 import orjson
 import pytest
 
-from dpstream.pipeline.clients import export_log, make_producer, produce_events
-from dpstream.pipeline.replay import replay
-from dpstream.pipeline.worker_support import load_noise
-from tests.integration.test_pipeline import readers, wait_for_first_release, wait_for_tick
+from dpstream.pipeline.clients import make_producer, produce_events
+from tests.integration.test_pipeline import (
+    readers,
+    replayed_releases,
+    wait_for_first_release,
+    wait_for_tick,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -86,9 +88,7 @@ def test_user_level_pipeline_equals_replay_while_tau_doubles(
             r.close()
     assert dead == []
     monkeypatch.setenv(KEY_ENV, key)
-    replayed: dict[str, list[bytes]] = defaultdict(list)
-    for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):
-        replayed[release["statistic"]].append(orjson.dumps(release))
+    replayed = replayed_releases(cfg, bootstrap)
     for name, released in pipeline.items():
         assert len(released) >= ROUNDS, name
         assert replayed[name][: len(released)] == released, name  # byte for byte

@@ -1,0 +1,435 @@
+"""kind cell_mean: spec 003's per-cell user-level means as a UserStatistic.
+
+Glue only: the mechanisms are ``operators.cell_mean``, the epoch ledger
+``operators.cell_accountant`` and the reducer ``operators.clip_user``; this module keeps
+per-(cell, user) aggregates in stage 1, hands them to stage 2 when their slot closes, and
+turns outcomes into release records and ledger entries.
+
+A cell is (cell key, slot): the key is the event's attribute ``cells.field`` (e.g. an H3
+index), the slot is ``tick // slot_ticks``. Slot s covers ticks
+``s*S .. (s+1)*S - 1`` and closes at the marker of its last tick.
+
+**Which tick an event belongs to.** Stage 1 learns an event's tick only at the next
+marker (events between markers t-1 and t belong to t; after a gap, to the later marker).
+So an event is TAGGED with the partition's last marker L when it arrives, and the tag is
+resolved when the next marker m comes: tag L means tick m. The partition state keeps two
+numbers, ``last`` (L) and ``from`` (F): tags in [F, L) are resolved into the still-open
+slot of L, tag L is unresolved, tags below F belong to slots already sent. A user's state
+keeps at most two groups of aggregates, ``o`` (resolved, open slot; the smallest tag it
+holds) and ``p`` (one tag), so neither state grows with the slot's length.
+
+**What stage 1 sends.** At a marker that closes a slot (the slot's last tick, or a marker
+past it after a gap) stage 1 scans its partition's users and sends every (cell, user)
+aggregate of the closing slot(s): count, sum and the first values in arrival order, in
+grid units (``UserCellAggregate``). Stage 2 files a slot's data under the slot's last tick
+(``payload_ticks``), so a partition that missed markers is not late.
+
+**Stage 2**, at the tick that ends slot s, once every partition reported it: groups by
+cell (sorted keys, sorted users), runs Clip-User when configured (public counts), checks
+the epoch cap with ``cell_accountant.admit`` before each cell's release and ``charge``s
+after it, releases one record per cell and one ledger entry per slot. Node ids are
+(statistic, cell key, slot): a replay re-derives the same noise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from dpstream.config.schema import CellConfig, PipelineConfig, StatisticConfig
+from dpstream.operators import cell_accountant as acct
+from dpstream.operators import cell_mean as cm
+from dpstream.operators import clip_user
+from dpstream.operators.noise import NoiseSource
+from dpstream.operators.state_codec import from_json, to_json
+
+from .records import Event
+
+if TYPE_CHECKING:
+    from .stages import Report
+
+log = logging.getLogger(__name__)
+
+Agg = list  # [count, total, [head...]] in grid units: one user's aggregate in one cell
+Cells = dict[str, Agg]  # cell key -> aggregate
+
+
+@dataclass(frozen=True)
+class CellMeanStatistic:
+    """One ``kind: cell_mean`` statistic (see ``pipeline.stages.UserStatistic``)."""
+
+    name: str
+    key: str | None
+    cells: CellConfig
+    spec: cm.CellMeanSpec
+    accountant: acct.CellAccountantSpec
+    clip: clip_user.ClipUserSpec | None
+    mechanism: str
+    neighbours: str
+
+    @classmethod
+    def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
+        cells = stat.cells
+        assert cells is not None
+        spec = cells.operator_spec(stat.epsilon)
+        clip = None
+        if cells.clip_user:
+            clip = clip_user.make_clip_user(
+                repr(cells.lower), repr(cells.upper), repr(cells.clip_kappa), True
+            )
+        arrays = spec.mechanism not in ("baseline", "noisy_ratio")
+        mechanism = f"{cm.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
+        # Public counts: spec 003's neighbours (same count matrix, one user's values
+        # differ). Strict: a user's whole data added or removed.
+        neighbours = "user_values_same_counts" if cells.counts_public else "add_remove_user"
+        return cls(
+            stat.name,
+            stat.key,
+            cells,
+            spec,
+            cells.accountant_spec(),
+            clip,
+            mechanism,
+            neighbours,
+        )
+
+    # ----------------------------------------------------------------- slots and ticks
+
+    def slot(self, tick: int) -> int:
+        return tick // self.cells.slot_ticks
+
+    def slot_end(self, slot: int) -> int:
+        """The slot's last tick: its cells close at this tick's marker."""
+        return (slot + 1) * self.cells.slot_ticks - 1
+
+    def _ends_slot(self, tick: int) -> bool:
+        return (tick + 1) % self.cells.slot_ticks == 0
+
+    @staticmethod
+    def _marks(pstate: Any) -> tuple[int, int]:
+        """(L, F): the last marker (-1 before any) and the first open tag."""
+        if pstate is None:
+            return -1, -1
+        return int(pstate["last"]), int(pstate["from"])
+
+    # ----------------------------------------------------------------- stage 1
+
+    def counts(self, event: Event) -> bool:
+        return (
+            not event.delete
+            and (self.key is None or event.key == self.key)
+            and event.value is not None
+            and event.cell(self.cells.field) is not None
+        )
+
+    def _fold(self, into: Cells, user: str, cell: str, value: float) -> None:
+        old = into.get(cell)
+        agg = None if old is None else cm.UserCellAggregate(user, old[0], old[1], tuple(old[2]))
+        new = cm.add_value(self.spec, agg, user, value)  # clip, snap, count, sum, head
+        into[cell] = [new.count, new.total, list(new.head)]
+
+    def _join(self, a: Agg, b: Agg) -> Agg:
+        """One user's aggregates of one cell, ``a``'s values arriving before ``b``'s."""
+        head = (a[2] + b[2])[: self.spec.head_cap]
+        return [a[0] + b[0], a[1] + b[1], head]
+
+    def _join_cells(self, a: Cells, b: Cells) -> Cells:
+        out = dict(a)
+        for cell, agg in b.items():
+            out[cell] = agg if cell not in out else self._join(out[cell], agg)
+        return out
+
+    def _settle(self, ustate: Any, last: int, first: int) -> dict[str, Any]:
+        """The user's state with its pending tag resolved (if it is) and stale data gone.
+
+        ``o``: [smallest tag, cells] resolved into the open slot; ``p``: [tag, cells]."""
+        if not ustate:
+            return {}
+        out: dict[str, Any] = {}
+        opened = ustate.get("o")
+        if opened is not None and first <= opened[0] < last:
+            out["o"] = opened
+        pending = ustate.get("p")
+        if pending is not None:
+            tag = pending[0]
+            if tag == last:
+                out["p"] = pending
+            elif first <= tag < last:  # resolved into the open slot, after ``o``'s values
+                if "o" in out:
+                    out["o"] = [out["o"][0], self._join_cells(out["o"][1], pending[1])]
+                else:
+                    out["o"] = pending
+        return out
+
+    def apply(
+        self, pstate: Any, ustate: Any, events: list[Event], partition: int
+    ) -> tuple[Any, Any, Any]:
+        """Fold the user's events into the aggregates of the current tag. The partition
+        state is not touched (the tag is read from it), so there is nothing to redo."""
+        last, first = self._marks(pstate)
+        state = self._settle(ustate, last, first)
+        tag, cells = state.get("p", [last, {}])
+        cells = {k: list(v) for k, v in cells.items()}
+        field = self.cells.field
+        for event in events:
+            self._fold(cells, event.user_id, event.cell(field), event.value)  # type: ignore[arg-type]
+        state["p"] = [tag, cells]
+        return pstate, state, None
+
+    def redo(self, pstate: Any, redo: Any, partition: int) -> Any:
+        return pstate
+
+    def close_tick(
+        self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any
+    ) -> tuple[Any, Any]:
+        """At marker ``tick``: send the (cell, user) aggregates of every slot that closes."""
+        last, first = self._marks(pstate)
+        open_closes = first < last and (self._ends_slot(tick) or self.slot(tick) != self.slot(last))
+        pending_closes = self._ends_slot(tick)
+        if self._ends_slot(tick):
+            new_first = tick
+        elif last >= 0 and self.slot(tick) == self.slot(last):
+            new_first = first  # tag ``last`` joins the tags already in this open slot
+        else:
+            new_first = last
+        new_pstate = {"last": tick, "from": new_first}
+        if not (open_closes or pending_closes):
+            return new_pstate, None
+        out: dict[str, dict[str, dict[str, Agg]]] = {}
+
+        def add(slot: int, user: str, cells: Cells) -> None:
+            by_cell = out.setdefault(str(slot), {})
+            for cell, agg in cells.items():
+                row = by_cell.setdefault(cell, {})
+                row[user] = agg if user not in row else self._join(row[user], agg)
+
+        for user, ustate in users():
+            state = self._settle(ustate, last, first)  # resolves tags below ``last`` only
+            if open_closes and "o" in state:
+                add(self.slot(last), user, state["o"][1])
+            if pending_closes and "p" in state and state["p"][0] == last:
+                add(self.slot(tick), user, state["p"][1])
+        return new_pstate, ({"slots": out} if out else None)
+
+    # ----------------------------------------------------------------- stage 2
+
+    def payload_ticks(self, report: Report) -> list[tuple[int, Any]]:
+        """File each slot's data under the slot's last tick (``Stage2.on_report``)."""
+        slots = report.payload["slots"]
+        return [(self.slot_end(int(s)), {"slots": {s: slots[s]}}) for s in sorted(slots, key=int)]
+
+    def merge(self, a: Any, b: Any) -> Any:
+        out = {s: {c: dict(row) for c, row in cells.items()} for s, cells in a["slots"].items()}
+        for s, cells in b["slots"].items():
+            into = out.setdefault(s, {})
+            for cell, row in cells.items():
+                mine = into.setdefault(cell, {})
+                for user, agg in row.items():
+                    # A user lives on one partition: two partitions never both hold it.
+                    mine[user] = agg if user not in mine else self._join(mine[user], agg)
+        return {"slots": out}
+
+    def step(
+        self, sstate: Any, payload: Any, tick: int, noise: NoiseSource
+    ) -> tuple[Any, list[dict], list[dict]]:
+        state = sstate or {"ledger": None, "released_through": None, "late_slots": 0}
+        data = payload["slots"] if payload else {}
+        slots = {int(s) for s in data}
+        if not self.cells.counts_public and self._ends_slot(tick):
+            slots.add(self.slot(tick))  # strict: every listed cell, every slot
+        fields: list[dict] = []
+        ledger: list[dict] = []
+        for slot in sorted(slots):
+            done = state["released_through"]
+            if done is not None and slot <= done:
+                # Never applied to a released cell (spec 003 section 5.4, pitfall 12).
+                state["late_slots"] += 1
+                log.warning("statistic %s: data for released slot %s ignored", self.name, slot)
+                continue
+            out, entry = self._release_slot(state, slot, tick, data.get(str(slot), {}), noise)
+            state["released_through"] = slot
+            fields.extend(out)
+            ledger.append(entry)
+        return state, fields, ledger
+
+    def _release_slot(
+        self, state: dict, slot: int, tick: int, data: dict, noise: NoiseSource
+    ) -> tuple[list[dict], dict]:
+        epoch = slot // self.cells.epoch_slots
+        book = (
+            acct.init(self.accountant, epoch)
+            if state["ledger"] is None
+            else from_json(acct.CellLedgerState, state["ledger"])
+        )
+        if epoch > book.epoch:
+            book = acct.start_epoch(self.accountant, book, epoch)
+        eps = self.spec.epsilon
+        aggs = {
+            cell: {
+                user: cm.UserCellAggregate(user, agg[0], agg[1], tuple(agg[2]))
+                for user, agg in sorted(row.items())
+            }
+            for cell, row in data.items()
+        }
+        keys = sorted(aggs) if self.cells.counts_public else sorted(self.cells.keys or ())
+        removed: dict[str, set[str]] = {}
+        clip_summary: dict[str, Any] | None = None
+        capped: set[str] = set()
+        if self.clip is not None:
+            ids = {key: self._cell_id(key, slot) for key in keys}
+            counts = {ids[k]: {u: a.count for u, a in aggs[k].items()} for k in keys}
+            budget = None
+            if self.cells.on_cap == "drop_user":
+                people = sorted({u for row in aggs.values() for u in row})
+                budget = {u: acct.remaining(self.accountant, book, u) for u in people}
+                need: dict[str, Fraction] = {}
+                for row in aggs.values():
+                    for user in row:
+                        need[user] = need.get(user, Fraction(0)) + eps
+                capped = {u for u in people if need[u] > budget[u]}
+            plan = clip_user.plan(self.clip, counts, eps, budget_left=budget)
+            by_id = {ids[k]: k for k in keys}
+            removed = {by_id[tuple(c)]: set(users) for c, users in plan.suppressed}
+            clip_summary = {
+                "pairs_suppressed": sum(len(users) for _, users in plan.suppressed),
+                "loss_before": float(plan.loss_before),
+                "loss_after": float(plan.loss_after),
+                "rounds": plan.rounds,
+                "error_bound_e0": float(plan.e0),
+                "cells_above_e0": len(plan.forced),
+            }
+        released: list[dict] = []
+        charged = 0
+        dropped_pairs = 0
+        skipped = 0
+        for key in keys:
+            row = aggs.get(key, {})
+            candidates = [u for u in row if u not in removed.get(key, set())]
+            if self.cells.counts_public and not candidates:
+                if row:
+                    skipped += 1  # every user suppressed (at the cap): not released
+                continue
+            admission = acct.admit(self.accountant, book, candidates, eps)
+            if admission.dropped:
+                dropped_pairs += len(admission.dropped)
+                capped.update(admission.dropped)
+            if self.cells.counts_public and not admission.release:
+                skipped += 1
+                continue
+            # Strict mode releases every listed cell, whoever is left (maybe nobody).
+            outcome = cm.release_cell(
+                self.spec, self._cell_id(key, slot), [row[u] for u in admission.kept], noise
+            )
+            if outcome.release is None:
+                continue
+            if outcome.charge is not None and outcome.charge.users:
+                book = acct.charge(self.accountant, book, [outcome.charge])
+                charged += len(outcome.charge.users)
+            released.append(self._fields(outcome.release, key, slot, epoch))
+        if self.clip is not None:
+            dropped_pairs += sum(1 for key in keys for u in removed.get(key, set()) if u in capped)
+        state["ledger"] = to_json(book)
+        if capped:
+            log.warning(
+                "statistic %s: %d user(s) reached the epoch cap B=%s in epoch %s; dropped "
+                "from %d (cell, user) pair(s) of slot %s, %d cell(s) not released",
+                self.name,
+                len(capped),
+                float(self.accountant.epoch_cap),
+                epoch,
+                dropped_pairs,
+                slot,
+                skipped,
+            )
+        entry = self._ledger_entry(slot, epoch, len(released))
+        if self.cells.counts_public:
+            entry.update(
+                users_charged=charged,
+                epoch_max_loss=float(acct.max_loss(book)),
+                dropped_at_cap={
+                    "users": len(capped),
+                    "pairs": dropped_pairs,
+                    "cells_not_released": skipped,
+                },
+            )
+            if capped:
+                entry["note"] = (
+                    "users at the epoch cap were dropped: they spend nothing more this epoch"
+                )
+            if clip_summary is not None:
+                entry["clip_user"] = clip_summary
+        else:
+            entry["note"] = (
+                "strict mode: user counts are private, so this entry holds public parameters "
+                "only; users at the epoch cap are dropped (spend nothing more this epoch) "
+                "and the worker logs it"
+            )
+        return released, entry
+
+    def _cell_id(self, key: str, slot: int) -> tuple[str | int, ...]:
+        return (self.name, key, slot)
+
+    def _fields(self, rel: cm.CellRelease, key: str, slot: int, epoch: int) -> dict:
+        S = self.cells.slot_ticks  # noqa: N806 - the spec's name
+        fields: dict[str, Any] = {
+            "cell": key,
+            "slot": slot,
+            "slot_ticks": [slot * S, self.slot_end(slot)],
+            "epoch": epoch,
+            "value": rel.value,
+            "std": rel.std,
+            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            "noise_scale": rel.noise_scale,
+            "cell_mechanism": rel.mechanism,
+            "bounds": [self.cells.lower, self.cells.upper],
+        }
+        if rel.interval is not None:
+            fields["clip_interval"] = list(rel.interval)
+        for name in ("n_users", "n_samples", "m_ub", "n_arrays", "noisy_count"):
+            value = getattr(rel, name)
+            if value is not None:
+                fields[name] = value
+        return fields
+
+    def _ledger_entry(self, slot: int, epoch: int, released: int) -> dict:
+        # Stage 2 adds schema_version, statistic, tick and total_epsilon.
+        return {
+            "event": "cells",
+            "epoch": epoch,
+            "slot": slot,
+            "cells_released": released,
+            "epsilon_per_cell": float(self.spec.epsilon),
+            "epoch_cap": float(self.accountant.epoch_cap),
+        }
+
+    def ledger_start(self) -> dict[str, Any]:
+        cells = self.cells
+        return {
+            "neighbours": self.neighbours,
+            "note": (
+                "spec 003 per-cell means: each released cell costs epsilon to each user it "
+                "keeps; cells are disjoint, so a user's loss in an accounting epoch is the "
+                "sum over their kept cells (Thm II.3), capped at epoch_cap B; B per epoch "
+                "is what total_epsilon is checked against"
+            ),
+            "counts_public": cells.counts_public,
+            "cell_field": cells.field,
+            "slot_ticks": cells.slot_ticks,
+            "epoch_slots": cells.epoch_slots,
+            "epoch_cap": float(self.accountant.epoch_cap),
+            "on_cap": cells.on_cap,
+            "clip_user": cells.clip_user,
+            "bounds": [cells.lower, cells.upper],
+            "step": cells.step,
+        }
+
+
+def slots_of(releases: Iterable[dict]) -> dict[int, dict[str, dict]]:
+    """Releases of a cell_mean statistic by slot and cell (tests, tools)."""
+    out: dict[int, dict[str, dict]] = {}
+    for release in releases:
+        out.setdefault(release["slot"], {})[release["cell"]] = release
+    return out

@@ -1,0 +1,141 @@
+"""kind mean: spec 000's continual mean (``operators.continual_mean``) as a UserStatistic.
+
+Glue only: states to and from JSON, the partition's users handed over in rank order.
+Stage 1 keeps each user's ``UserState`` in the user's entry and the partition's
+``PartitionState`` in the partition state; at a marker it sends the partition's
+``TickMessage``; stage 2 merges the partitions' messages and steps the ``MeanState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.operators import continual_mean as cm
+from dpstream.operators.noise import NoiseSource
+from dpstream.operators.state_codec import from_json, to_json
+
+from .records import Event
+
+if TYPE_CHECKING:
+    from .stages import Report
+
+
+@dataclass(frozen=True)
+class ContinualMeanStatistic:
+    """One ``kind: mean`` statistic (see ``pipeline.stages.UserStatistic``)."""
+
+    name: str
+    key: str | None
+    spec: cm.ContinualMeanSpec
+    mechanism: str = cm.MECHANISM
+    # Spec 000's neighbours: one user's samples change, the arrival pattern (who sent a
+    # sample when) is public. Stated on every release instead of the pipeline's setting.
+    neighbours: str = "user_values_same_arrivals"
+
+    @classmethod
+    def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> ContinualMeanStatistic:
+        mean = stat.mean
+        assert mean is not None
+        spec = cm.make_continual_mean(
+            Fraction(repr(stat.epsilon)),
+            mean.delta,
+            mean.max_users,
+            mean.max_samples_per_user,
+            lower=Fraction(repr(mean.lower)),
+            upper=Fraction(repr(mean.upper)),
+            resolution=mean.resolution,
+            partitions=cfg.input.partitions,
+            node_prefix=(stat.name, 0),
+        )
+        return cls(stat.name, stat.key, spec)
+
+    def counts(self, event: Event) -> bool:
+        return not event.delete and (self.key is None or event.key == self.key)
+
+    def _partition(self, pstate: Any, partition: int) -> cm.PartitionState:
+        if pstate is None:
+            return cm.init_partition(self.spec, partition)
+        return from_json(cm.PartitionState, pstate)
+
+    def apply(
+        self, pstate: Any, ustate: Any, events: list[Event], partition: int
+    ) -> tuple[Any, Any, Any]:
+        part = self._partition(pstate, partition)
+        admitted = ustate is None
+        if admitted:
+            part, user = cm.admit(self.spec, part)
+        else:
+            user = from_json(cm.UserState, ustate)
+        effects = []
+        for event in events:
+            user, effect = cm.observe(self.spec, part, user, event.value)  # type: ignore[arg-type]
+            effects.append(effect)
+        part = cm.absorb(self.spec, part, effects)
+        redo = {"admitted": admitted, "effects": [to_json(e) for e in effects]}
+        return to_json(part), to_json(user), redo
+
+    def redo(self, pstate: Any, redo: Any, partition: int) -> Any:
+        part = self._partition(pstate, partition)
+        if redo["admitted"]:
+            part, _ = cm.admit(self.spec, part)
+        effects = [from_json(cm.SampleEffect, e) for e in redo["effects"]]
+        return to_json(cm.absorb(self.spec, part, effects))
+
+    def close_tick(
+        self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any
+    ) -> tuple[Any, Any]:
+        def by_rank() -> Iterable[cm.UserState]:
+            states = (from_json(cm.UserState, s) for _, s in users())
+            return sorted((u for u in states if u.rank >= 0), key=lambda u: u.rank)
+
+        part, msg = cm.close_tick(self.spec, self._partition(pstate, partition), by_rank)
+        empty = msg == cm.empty_message(self.spec)
+        return to_json(part), None if empty else to_json(msg)
+
+    def payload_ticks(self, report: Report) -> list[tuple[int, Any]]:
+        return [(report.tick, report.payload)]
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return to_json(cm.merge(from_json(cm.TickMessage, a), from_json(cm.TickMessage, b)))
+
+    def step(
+        self, sstate: Any, payload: Any, tick: int, noise: NoiseSource
+    ) -> tuple[Any, list[dict], list[dict]]:
+        state = cm.init(self.spec) if sstate is None else from_json(cm.MeanState, sstate)
+        msg = cm.empty_message(self.spec) if payload is None else from_json(cm.TickMessage, payload)
+        state, rel = cm.step(self.spec, state, msg, noise)
+        fields = {
+            "step": rel.t,
+            "value": rel.value,
+            "std": rel.std,
+            # Around the exact mean of the covered samples (noise only) ...
+            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            # ... and around the population mean (noise, sampling and snapping).
+            "mean_interval": [rel.value - rel.mean_ci95, rel.value + rel.mean_ci95],
+            "samples_covered": rel.total,
+            "samples": rel.samples,
+            "samples_over_cap": rel.dropped,
+            "users": state.users,
+            "users_over_cap": state.users_over_cap,
+            "active_levels": rel.active,
+            "medians": [[level, value] for level, value in rel.medians],
+            "bounds": [float(self.spec.lower), float(self.spec.upper)],
+        }
+        return to_json(state), [fields], []
+
+    def ledger_start(self) -> dict[str, Any]:
+        split = cm.privacy_budget(self.spec)
+        return {
+            "neighbours": self.neighbours,
+            "note": (
+                "spec 000 Alg. 6 over the whole stream: medians and binary mechanisms "
+                "by basic composition, at most epsilon"
+            ),
+            "split": {name: float(value) for name, value in split.items()},
+            "max_users": self.spec.n,
+            "max_samples_per_user": self.spec.m,
+        }
