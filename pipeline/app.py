@@ -6,6 +6,7 @@ Agents are thin: decode, load state from the table, call the stage logic of
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -19,6 +20,9 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
+from .changelog import BatchedTable
+from .clients import read_range
+from .faust_fixes import seek_uncommitted_to_beginning
 from .kafka_security import faust_credentials
 from .records import (
     HEADER,
@@ -83,27 +87,10 @@ class KeyPrefix(MutableMapping[str, dict]):
         return sum(1 for _ in self)
 
 
-def flush_completely(app: faust.App) -> None:
-    """Make the producer's flush wait until its send buffer is really empty.
-
-    Before committing input offsets Faust flushes the producer, but its ``ProducerBuffer``
-    gives up after 0.1 s without a send (``flush_atmost``, faust-streaming 0.15.3), so
-    offsets were committed while table changelog writes of the committed records still
-    sat in the buffer: a crash then lost those writes for good (a user's units missing
-    after the restart or failover; docs/reliability.md). The commit now waits for them.
-    """
-    buffer = app.producer.buffer
-
-    async def flush() -> None:
-        while buffer.size:
-            await buffer.flush_atmost(None)
-
-    buffer.flush = flush  # type: ignore[method-assign]
-
-
 def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
     """Build the worker's Faust app for one pipeline definition."""
     partitions = cfg.input.partitions
+    seek_uncommitted_to_beginning({cfg.input.topic, cfg.stage2_topic})
     app = faust.App(
         cfg.app_id,
         broker=broker_urls(bootstrap),
@@ -119,7 +106,6 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         # SASL/TLS from the config's kafka: section (None: PLAINTEXT).
         broker_credentials=faust_credentials(cfg.kafka),
     )
-    flush_completely(app)
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     input_topic = app.topic(cfg.input.topic, partitions=partitions, **raw)
     stage2_topic = app.topic(cfg.stage2_topic, partitions=partitions, **raw)
@@ -130,13 +116,13 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     ledger_topic = app.topic(cfg.outputs.ledger_topic, partitions=1, **raw)
 
     # Stage-1 state in ONE table: user entries ("u:<user>") and the partition's tick state
-    # ("p:<partition>"). Faust writes a changelog entry to the partition of the record
-    # being processed, so both kinds of entry share one changelog partition, in the order
-    # written: a crash loses a suffix of that sequence, never a user entry while keeping
-    # the partition state written after it (or the reverse), which is what makes the
-    # per-record idempotence of Stage1.add_events sufficient.
-    stage1_table = app.Table("stage1", partitions=partitions, key_type=str)
-    users = KeyPrefix(stage1_table, "u:")
+    # ("p:<partition>"), both written to the changelog partition of the record being
+    # processed, in batches (changelog.py says why a crash still loses only what the
+    # per-record idempotence of Stage1.add_events repairs).
+    stage1_table = BatchedTable(
+        app, app.Table("stage1", partitions=partitions, key_type=str), last_prefix="p:"
+    )
+    stage1_table.install()
     stage2_state = app.Table("stage2", partitions=partitions, key_type=str)
 
     stage1 = Stage1(cfg)
@@ -159,11 +145,37 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         for future in sent:
             await future
 
+    async def fill_gap(partition: int, start: int, end: int) -> None:
+        # Faust can hand the agent a partition's records with a hole in them around a
+        # rebalance (docs/reliability.md); a record never processed would be a user's
+        # contribution silently lost. Read the hole directly and process it first.
+        log.warning(
+            "partition %s: the consumer skipped offsets %s-%s; reading them directly",
+            partition,
+            start,
+            end - 1,
+        )
+        missing = await asyncio.get_running_loop().run_in_executor(
+            None, read_range, bootstrap, cfg.input.topic, partition, start, end, cfg.kafka
+        )
+        for at, headers, value, timestamp_ms in missing:
+            await handle_input(partition, at, value, headers, timestamp_ms, in_gap=True)
+
     async def handle_input(
-        partition: int, offset: int, value: bytes | None, headers, timestamp_ms: int | None
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        headers,
+        timestamp_ms: int | None,
+        in_gap: bool = False,
     ) -> None:
         pkey = f"p:{partition}"
         pstate = stage1_table.get(pkey) or Stage1.new_partition_state()
+        if not in_gap and 0 <= pstate["last_offset"] < offset - 1:
+            await fill_gap(partition, pstate["last_offset"] + 1, offset)
+            pstate = stage1_table.get(pkey)
+        entries = stage1_table.for_partition(partition)
+        users = KeyPrefix(entries, "u:")
         sent: list[Awaitable] = []
         kind = header_kind(headers)
         if kind == TICK and offset <= pstate["last_offset"]:
@@ -175,8 +187,11 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             except BadRecord as exc:
                 sent.append(await reject(exc.reason, partition, offset, value))
             else:
-                entries = users_of_partition(users, partition, partitions)
-                for report in stage1.close_tick(pstate, partition, tick, entries):
+                # What the records before the marker did is in the changelog before the
+                # tick's reports leave (export and inspection see a consistent state).
+                await stage1_table.flush(delivered=True)
+                owned = users_of_partition(users, partition, partitions)
+                for report in stage1.close_tick(pstate, partition, tick, owned):
                     sent.append(
                         await stage2_topic.send(
                             key=report.statistic.encode(), value=orjson.dumps(report.to_json())
@@ -194,13 +209,17 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 bad += [(None, "misrouted: user_id does not hash to this partition")] * (
                     len(events) - len(routed)
                 )
+            keys = {"u:" + e.user_id for e in routed}
+            if stage1_table.must_flush_before(partition, keys):
+                await stage1_table.flush()
+                pstate = stage1_table.get(pkey) or pstate
             stage1.add_events(pstate, users, routed, offset, partition)
             if offset > pstate["last_offset"]:  # a re-delivered record was dead-lettered before
                 for index, reason in bad:
                     sent.append(await reject(reason, partition, offset, value, index))
         await acknowledged(sent)
         pstate["last_offset"] = max(pstate["last_offset"], offset)
-        stage1_table[pkey] = pstate
+        entries[pkey] = pstate
 
     @app.agent(input_topic, name="stage1")
     async def stage1_agent(stream):

@@ -129,6 +129,40 @@ def read_topic(
         consumer.close()
 
 
+def read_range(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    security: KafkaSecurityConfig | None = None,
+    timeout: float = 30.0,
+) -> list[tuple[int, list, bytes | None, int]]:
+    """The records of one partition at offsets ``start`` <= offset < ``end`` (fewer where
+    the log has none: transaction markers), as [(offset, headers, value, timestamp_ms)]."""
+    consumer = _consumer(bootstrap, security)
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        out = []
+        while True:
+            msg = consumer.poll(timeout)
+            if msg is None:
+                raise TimeoutError(
+                    f"reading {topic}[{partition}] {start}-{end}: nothing in {timeout}s"
+                )
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(str(msg.error()))
+            if msg.offset() >= end:
+                return out
+            out.append((msg.offset(), msg.headers() or [], msg.value(), msg.timestamp()[1]))
+            if msg.offset() == end - 1:
+                return out
+    finally:
+        consumer.close()
+
+
 def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
     """The input topic as a replay log (see ``replay.py``): the events stage 1 accepted,
     grouped into the ticks that closed in every partition, each tick ended by a marker."""

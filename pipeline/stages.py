@@ -211,8 +211,9 @@ class Stage1:
         * re-adds the contribution of a user whose entry has it but whose units the
           partition's pending sums lost (else the count would lose them).
         pipeline/app.py keeps both kinds of entry in one changelog partition, in write
-        order, so a crash loses a suffix of the writes: only the LAST record's entries
-        can be ahead of the partition state, which is what this handles.
+        order, so a crash loses a suffix of the writes; pipeline/changelog.py batches the
+        writes so that still only the LAST record's entries of a user can be ahead of the
+        partition state, which is what this handles.
 
         A ``UserStatistic`` keeps its user's state in the entry ("state") and what the
         record did to the partition's state ("redo"), re-applied in the same case.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import orjson
 import pytest
 
@@ -11,6 +12,7 @@ from dpstream.config.schema import parse_config
 from dpstream.operators import truncation
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
 from dpstream.pipeline.app import KeyPrefix
+from dpstream.pipeline.changelog import ChangelogWindow
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Report, Stage1, Stage2
@@ -401,3 +403,85 @@ def test_an_expiring_statistic_stops_when_its_lifetime_budget_is_spent(caplog):
     ]
     assert spent[0]["epsilon_spent"] <= cfg.privacy.total_epsilon
     assert "lifetime budget spent at tick 13" in caplog.text
+
+
+class WindowedTable(dict):
+    """pipeline/changelog.py's BatchedTable without Kafka: writes reach the store at once
+    and the changelog (``log``) only when flushed, through the real ChangelogWindow."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+        self.window = ChangelogWindow(last_prefix="p:")
+        self.completed = 0  # records whose writes are all made
+        self.flushed_through: list[int] = []  # per completed record, log length once flushed
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, copy.deepcopy(value))
+        self.window.add(0, key, orjson.dumps(value))
+
+    def flush(self) -> None:
+        for _, entries in self.window.take():
+            self.log.extend((key, orjson.loads(value)) for key, value in entries)
+        self.flushed_through += [len(self.log)] * (self.completed - len(self.flushed_through))
+
+
+def _windowed_step(stage1, table, record, reports, flush_mid: bool) -> None:
+    """handle_input with batched changelog writes: flush first if the record writes a user
+    already in the window; ``flush_mid``: a commit's flush lands while the record awaits its
+    outputs (after its user entries, before its partition state)."""
+    offset, payload = record
+    pstate = copy.deepcopy(table.get("p:0")) or Stage1.new_partition_state()
+    if isinstance(payload, int):
+        if offset <= pstate["last_offset"]:
+            return
+        reports.extend(stage1.close_tick(pstate, 0, payload))
+    else:
+        if table.window.must_flush_before(0, {"u:" + e.user_id for e in payload}):
+            table.flush()
+        stage1.add_events(pstate, KeyPrefix(table, "u:"), payload, offset)
+    if flush_mid:
+        table.flush()
+    pstate["last_offset"] = max(pstate["last_offset"], offset)
+    table["p:0"] = pstate
+    table.completed += 1
+
+
+@pytest.mark.parametrize("schedule", range(40))
+def test_stage1_counts_every_record_once_with_batched_changelog_writes(schedule):
+    """As above with BatchedTable's windows: a crash keeps a prefix of the flushed writes
+    (the window's own order: user entries, then the partition state), and the committed
+    offset never passes a record whose writes were not flushed. Flushes fall where the
+    window rule puts them and, per schedule, also between records and mid-record."""
+    rng = np.random.default_rng(schedule)
+    stage1 = Stage1(config())
+    a, b, c = Event("a", None, None), Event("b", "click", None), Event("c", "click", None)
+    records = list(enumerate([[a, b], [c], [a, a], 10, [b, c, a], [c], [a, b, b], 11, [c, c], 12]))
+    log: list = []
+    table, reports = WindowedTable(log), []
+    for record in records:
+        _windowed_step(stage1, table, record, reports, flush_mid=bool(rng.random() < 0.3))
+        if rng.random() < 0.3:
+            table.flush()
+    table.flush()
+    flushed_through = table.flushed_through
+    assert len(flushed_through) == len(records)
+    full = dict(table)
+    expected = {(r.statistic, r.tick): r for r in reports}
+    for cut in range(len(log) + 1):
+        persisted = {}
+        for key, value in log[:cut]:
+            persisted[key] = value
+        done = persisted.get("p:0", {"last_offset": -1})["last_offset"]
+        # Committed offsets: records whose writes are all in the kept prefix.
+        committable = [i + 1 for i, n in enumerate(flushed_through) if n <= cut]
+        for restart in {0, *committable}:
+            assert restart <= done + 1
+            table = WindowedTable([])
+            dict.update(table, copy.deepcopy(persisted))
+            resent: list = []
+            for record in records[restart:]:
+                _windowed_step(stage1, table, record, resent, flush_mid=False)
+            assert dict(table) == full, (schedule, cut, restart)
+            for r in resent:
+                assert expected[r.statistic, r.tick] == r, (schedule, cut, restart)
