@@ -234,19 +234,46 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                     f"internal error: {type(exc).__name__}", msg.partition, msg.offset, event.value
                 )
 
+    async def handle_report(
+        partition: int, offset: int, value: bytes, in_gap: bool = False
+    ) -> None:
+        report = Report.from_json(orjson.loads(value))
+        sstate = stage2_state.get(report.statistic) or Stage2.new_state()
+        last = sstate["reported"].get(str(report.partition))
+        if not in_gap and last is not None and report.from_tick > last + 1:
+            # A report of this statistic and stage-1 partition went missing: the same
+            # consumer holes as in stage 1 (fill_gap). Read the stage-2 partition since
+            # this statistic's last report and process what is there first.
+            start = sstate.get("offset", -1) + 1
+            log.warning(
+                "stage 2, %s: reports after tick %s missing; reading stage-2 partition %s "
+                "offsets %s-%s directly",
+                report.statistic,
+                last,
+                partition,
+                start,
+                offset - 1,
+            )
+            missing = await asyncio.get_running_loop().run_in_executor(
+                None, read_range, bootstrap, cfg.stage2_topic, partition, start, offset, cfg.kafka
+            )
+            for at, _, earlier, _ in missing:
+                await handle_report(partition, at, earlier, in_gap=True)
+            sstate = stage2_state.get(report.statistic) or sstate
+        releases, ledger = stage2.on_report(sstate, report)
+        key = report.statistic.encode()
+        sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
+        for release in releases:
+            topic = release_topics[report.statistic]
+            sent.append(await topic.send(key=key, value=orjson.dumps(release)))
+        await acknowledged(sent)
+        sstate["offset"] = max(sstate.get("offset", -1), offset)  # where a gap read starts
+        stage2_state[report.statistic] = sstate
+
     @app.agent(stage2_topic, name="stage2")
     async def stage2_agent(stream):
         async for event in stream.events():
-            report = Report.from_json(orjson.loads(event.value))
-            sstate = stage2_state.get(report.statistic) or Stage2.new_state()
-            releases, ledger = stage2.on_report(sstate, report)
-            key = report.statistic.encode()
-            sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
-            for release in releases:
-                topic = release_topics[report.statistic]
-                sent.append(await topic.send(key=key, value=orjson.dumps(release)))
-            await acknowledged(sent)
-            stage2_state[report.statistic] = sstate
+            await handle_report(event.message.partition, event.message.offset, event.value)
 
     interval = cfg.ticks.interval_seconds
     clock = {"last": None}

@@ -871,12 +871,16 @@ Fetcher.fetched_records = fetched_records
 """
 
 
-def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_path):
-    """The consumer hands stage 1 a partition with a hole in its offsets, as Faust did
-    around rebalances (test above): the first delivery of 5 records is dropped on the way
-    (HOLE_HOOK). Stage 1 sees the next record after its partition state's last offset + 1,
-    reads the hole directly, and every event counts once: the releases equal the
-    truncated counts of the log, and the worker log names the hole."""
+@pytest.mark.parametrize("where", ["input", "stage2"])
+def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_path, where):
+    """The consumer hands a stage a partition with a hole in its offsets, as Faust did
+    around rebalances (test above): the first delivery of some records is dropped on the
+    way (HOLE_HOOK). ``input``: 5 input records; stage 1 sees a record after its partition
+    state's last offset + 1 and reads the hole directly. ``stage2``: the next 40 records
+    of the stage-2 partition holding the ``views`` reports; stage 2 sees a report whose
+    first tick is not the next one and reads since that statistic's last report. Every
+    event counts once: the releases equal the truncated counts of the log, and the worker
+    log names the hole."""
     hook, hole = tmp_path / "hook", tmp_path / "hole"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOLE_HOOK)
@@ -891,11 +895,15 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
     users = [u for u in (f"hole-{i:03d}" for i in range(200)) if partition_for(u, 4) == 0][:12]
     try:
         wait_for_first_release(worker, rd["views"])
+        topic, partition, skip, size = (
+            (cfg.input.topic, 0, 3, 5)  # markers are appended meanwhile: 3 on, events
+            if where == "input"
+            else (cfg.stage2_topic, partition_for("views", 4), 0, 40)
+        )
         probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "t-hole", "log_level": 0})
-        _, end = probe.get_watermark_offsets(TopicPartition(cfg.input.topic, 0), timeout=10)
+        _, end = probe.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         probe.close()
-        # Markers are appended meanwhile; a hole of 5 from 3 records on holds events.
-        hole.write_text(f"{cfg.input.topic} 0 {end + 3} {end + 8}")
+        hole.write_text(f"{topic} {partition} {end + skip} {end + skip + size}")
         producer = make_producer(bootstrap)
         for user in users:  # one record each, all in partition 0
             produce_events(producer, cfg, [{"user_id": user, "key": "view"}])
@@ -920,4 +928,5 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
         for record in deduplicated(name, raw):
             rel = orjson.loads(record)
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
-    assert "the consumer skipped offsets" in worker.log_path.read_text(errors="replace")
+    text = worker.log_path.read_text(errors="replace")
+    assert ("the consumer skipped offsets" if where == "input" else "reports after tick") in text
