@@ -14,8 +14,8 @@ partition (``p:<partition>``), the write pattern of ``pipeline/app.py``'s stage 
 separate what the state writes cost from what the DP work costs. ``--tables batched``
 makes the same writes into the table's local store directly and sends their changelog
 entries (same topic, partition, keys, values and order) as ONE aiokafka record batch per
-input record, instead of one Faust ``send_soon`` per write: an experiment for the hot
-path (Faust's own recovery would read those entries back; not exercised here).
+input record, instead of one Faust ``send_soon`` per write: the experiment behind the
+worker's ``pipeline/changelog.py``, which batches across records as well.
 ``--tables direct`` sends each entry with the aiokafka producer's own ``send`` instead
 (no Faust ``send_soon``/``ProducerBuffer``; aiokafka still batches across records).
 
