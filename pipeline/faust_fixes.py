@@ -39,9 +39,13 @@ def seek_uncommitted_to_beginning(topics: set[str]) -> None:
     @functools.wraps(original)
     async def seek_to_committed(self: AIOKafkaConsumer, *partitions: Any) -> dict:
         committed = await original(self, *partitions)
-        unset = [tp for tp, at in committed.items() if not at and tp.topic in _STREAM_TOPICS]
-        if unset:
-            await self.seek_to_beginning(*unset)
+        for tp, at in committed.items():
+            if not at and tp.topic in _STREAM_TOPICS:
+                # A plain seek: ``seek_to_beginning`` waits for the fetcher to reset the
+                # position, which it cannot while Faust is in this call (a recovery hung
+                # for minutes). Offset 0 gone to retention resets to the earliest one
+                # (auto_offset_reset).
+                self.seek(tp, 0)
         return committed
 
     setattr(seek_to_committed, _PATCHED, True)

@@ -1,0 +1,235 @@
+"""Scale-out: 1 worker vs 2 workers of one app on 4 input partitions (issue 7, item 3).
+
+    .venv/bin/python -m bench.scaleout [--events 200000] [--batch 100] [--runs 3]
+
+Per run and worker count N: a fresh app and input topic; N ``dpstream worker`` processes
+are started and left to settle into one group (every input partition assigned, none
+twice, read from their logs); then the synthetic events are produced (dpstream's
+producer, envelopes grouped by partition). Time = from the first produce call (the
+workers are idle until then) to the release of the first tick whose markers, written by
+the workers' own clock, follow the last event in every partition (a release CreateTime):
+so it includes up to one tick of waiting for that tick to end (ticks of 0.25 s here).
+Every run's releases must equal ``dpstream replay`` of its input log (exported with
+``dpstream export-log``), byte for byte, as with one worker. Prints a Markdown table;
+``--out`` appends it to a file. A benchmark: nothing in the test suite asserts on its timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from dpstream.config.schema import PipelineConfig
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import machine  # noqa: E402
+from bench.throughput import (  # noqa: E402
+    KEY_ENV,
+    PRODUCER_QUEUE,
+    WORKER,
+    Watcher,
+    base_config,
+    end_offsets,
+    run_config,
+    stop,
+    synthetic,
+    write_config,
+)
+
+
+def assigned(log_path: Path, topic: str) -> set[int]:
+    """The input partitions of a worker's latest assignment, from Faust's INFO log."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    tables = text.split("Setting newly assigned partitions")
+    if len(tables) < 2:
+        return set()
+    for line in tables[-1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] == topic:
+            out: set[int] = set()
+            for part in cells[1].strip("{}").split(","):
+                lo, _, hi = part.strip().partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+            return out
+    return set()
+
+
+def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, str]) -> dict:
+    from dpstream.pipeline.clients import make_producer, produce_events
+    from dpstream.pipeline.topics import ensure_topics
+    from dpstream.pipeline.worker_support import spawn_worker
+
+    base = base_config(None)
+    cfg, path = write_config(
+        run_config(base, f"s{workers}", None, args.tick, args.partitions), args.workdir
+    )
+    ensure_topics(cfg, bootstrap)
+    logs = [args.workdir / f"{cfg.app_id}.{i}.log" for i in range(workers)]
+    procs = [
+        spawn_worker(path, bootstrap, log, env=env, loglevel=WORKER["loglevel"]) for log in logs
+    ]
+    watcher = Watcher(bootstrap, cfg)
+    try:
+        deadline = time.time() + 120
+        while True:
+            parts = [assigned(log, cfg.input.topic) for log in logs]
+            union = set().union(*parts)
+            if (
+                all(parts)
+                and union == set(range(args.partitions))
+                and sum(map(len, parts)) == len(union)
+            ):
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"{workers} workers did not settle: {parts}")
+            time.sleep(0.5)
+        time.sleep(3)  # the recovery after the last assignment
+        producer = make_producer(bootstrap, **PRODUCER_QUEUE)
+        started = time.time()  # the workers are idle: they start on the first event
+        sent = produce_events(
+            producer, cfg, synthetic(args.users, args.events, args.seed), batch=args.batch
+        )
+        if producer.flush(300):
+            raise RuntimeError("producing: messages still queued after 300 s")
+        last = closing_tick(
+            bootstrap, cfg, end_offsets(bootstrap, cfg.input.topic, args.partitions)
+        )
+        watcher.wait(
+            lambda: watcher.released(last), 1800, f"release of tick {last}", procs[0], logs[0]
+        )
+        end = max(watcher.releases[s][last][0] for s in watcher.stats)
+    finally:
+        for proc in procs:
+            stop(proc)
+        watcher.close()
+    return {
+        "workers": workers,
+        "events": sent,
+        "seconds": end - started,
+        "equal_to_replay": equal_to_replay(bootstrap, cfg, path, env),
+    }
+
+
+def closing_tick(bootstrap: str, cfg: PipelineConfig, ends: dict[int, int]) -> int:
+    """The first tick whose release includes every event produced: in each partition, the
+    first marker at or after its end offset when production finished (the workers' own
+    clock writes them), and the latest of those."""
+    from dpstream.pipeline.clients import read_range
+    from dpstream.pipeline.records import TICK, decode_tick, header_kind
+
+    ticks = []
+    for partition, end in ends.items():
+        deadline = time.time() + 60
+        while True:
+            records = read_range(bootstrap, cfg.input.topic, partition, end, end + 50)
+            marks = [decode_tick(v) for _, h, v, _ in records if header_kind(h) == TICK]
+            if marks:
+                ticks.append(marks[0])
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"no tick marker after offset {end} in partition {partition}")
+            time.sleep(0.2)
+    return max(ticks)
+
+
+def equal_to_replay(bootstrap: str, cfg: PipelineConfig, path: Path, env: dict[str, str]) -> bool:
+    """Every release of the run equals ``dpstream replay`` of its input log, byte for
+    byte (the releases are a prefix of the replay's: the replay closes every tick)."""
+    from dpstream.pipeline.clients import read_topic
+
+    cli = [sys.executable, "-m", "dpstream.pipeline.cli"]
+    log = path.with_suffix(".events.jsonl")
+    config = ["--config", str(path)]
+    subprocess.run(  # noqa: S603 - fixed argument list
+        [*cli, "export-log", *config, "--bootstrap", bootstrap, "--out", str(log)],
+        check=True,
+        timeout=300,
+    )
+    replay = subprocess.run(  # noqa: S603 - fixed argument list
+        [*cli, "replay", *config, "--events", str(log)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, **env},
+    )
+    replayed: dict[str, list[bytes]] = {}
+    for line in replay.stdout.splitlines():
+        replayed.setdefault(orjson.loads(line)["statistic"], []).append(line)
+    for stat in cfg.statistics:
+        topic = cfg.release_topic(stat.name)
+        released = [value for _, _, value, _ in read_topic(bootstrap, topic, 1)[0]]
+        if not released or released != replayed.get(stat.name, [])[: len(released)]:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--users", type=int, default=10_000)
+    p.add_argument("--batch", type=int, default=100, help="envelope size (1: single events)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--tick", type=float, default=0.25, help="short: the end is a tick's release")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None, help="append the table here")
+    args = p.parse_args(argv)
+    args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    from dpstream.pipeline.broker import kafka_broker
+
+    env = {KEY_ENV: secrets.token_hex(32)}
+    results: list[dict] = []
+    with kafka_broker() as bootstrap:
+        for i in range(args.runs):
+            for workers in (1, 2):
+                r = run(bootstrap, workers, args, env)
+                results.append(r)
+                print(
+                    f"[scaleout] run {i + 1}/{args.runs}, {workers} worker(s): "
+                    f"{r['events'] / r['seconds']:,.0f} events/s ({r['seconds']:.2f} s)",
+                    flush=True,
+                )
+    same = all(r["equal_to_replay"] for r in results)
+    rows = [
+        "| workers | runs | events/s (median) | spread (min-max) | releases == replay of the log |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    for workers in (1, 2):
+        rates = [r["events"] / r["seconds"] for r in results if r["workers"] == workers]
+        equal = all(r["equal_to_replay"] for r in results if r["workers"] == workers)
+        rows.append(
+            f"| {workers} | {len(rates)} | {statistics.median(rates):,.0f} | "
+            f"{min(rates):,.0f}-{max(rates):,.0f} | {'yes' if equal else 'NO'} |"
+        )
+    m = machine()
+    info = f"{m['cores']} cores ({m['cpu']}), {m['ram']} RAM, broker and workers on the same cores"
+    shape = "single-event records" if args.batch == 1 else f"envelopes of {args.batch}"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = (
+        f"\n## Scale-out: 1 vs 2 workers\n\n`python -m bench.scaleout --events {args.events} "
+        f"--batch {args.batch} --runs {args.runs}`, {when}; {args.events:,} events ({shape}, "
+        f"{args.users:,} users) over {args.partitions} partitions, workers of one app started "
+        f"and settled before the events are written. Machine: {info}.\n\n" + "\n".join(rows) + "\n"
+    )
+    print(text)
+    if args.out:
+        with args.out.open("a") as f:
+            f.write(text)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
