@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 DEAD_LETTER_PAYLOAD_CHARS = 4096
 
 
+class HoleUnread(RuntimeError):
+    """Records the consumer skipped could not be read directly (the worker stops)."""
+
+
 def broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
 
@@ -145,6 +149,20 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         for future in sent:
             await future
 
+    async def read_hole(topic: str, partition: int, start: int, end: int) -> list:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, read_range, bootstrap, topic, partition, start, end, cfg.kafka
+            )
+        except Exception as exc:
+            # Going on would lose the hole for good (Faust counts it as processed): stop;
+            # a restarted worker finds the same hole and reads it again.
+            log.error(
+                "could not read %s[%s] %s-%s: %r; stopping", topic, partition, start, end, exc
+            )
+            await app.crash(exc)
+            raise HoleUnread(f"{topic}[{partition}] {start}-{end - 1}") from exc
+
     async def fill_gap(partition: int, start: int, end: int) -> None:
         # Faust can hand the agent a partition's records with a hole in them around a
         # rebalance (docs/reliability.md); a record never processed would be a user's
@@ -155,9 +173,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             start,
             end - 1,
         )
-        missing = await asyncio.get_running_loop().run_in_executor(
-            None, read_range, bootstrap, cfg.input.topic, partition, start, end, cfg.kafka
-        )
+        missing = await read_hole(cfg.input.topic, partition, start, end)
         for at, headers, value, timestamp_ms in missing:
             await handle_input(partition, at, value, headers, timestamp_ms, in_gap=True)
 
@@ -228,6 +244,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             try:
                 stamp = int(msg.timestamp * 1000) if msg.timestamp else None
                 await handle_input(msg.partition, msg.offset, event.value, msg.headers, stamp)
+            except HoleUnread:
+                raise  # the worker is stopping; this record is not bad
             except Exception as exc:  # keep the worker alive; the record goes to dead letters
                 log.exception("stage 1 failed on partition %s offset %s", msg.partition, msg.offset)
                 await reject(
@@ -254,9 +272,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 start,
                 offset - 1,
             )
-            missing = await asyncio.get_running_loop().run_in_executor(
-                None, read_range, bootstrap, cfg.stage2_topic, partition, start, offset, cfg.kafka
-            )
+            missing = await read_hole(cfg.stage2_topic, partition, start, offset)
             for at, _, earlier, _ in missing:
                 await handle_report(partition, at, earlier, in_gap=True)
             sstate = stage2_state.get(report.statistic) or sstate
