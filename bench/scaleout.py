@@ -9,9 +9,10 @@ producer, envelopes grouped by partition). Time = from the first produce call (t
 workers are idle until then) to the release of the first tick whose markers, written by
 the workers' own clock, follow the last event in every partition (a release CreateTime):
 so it includes up to one tick of waiting for that tick to end (ticks of 0.25 s here).
-Every run's releases must equal ``dpstream replay`` of its input log (exported with
-``dpstream export-log``), byte for byte, as with one worker. Prints a Markdown table;
-``--out`` appends it to a file. A benchmark: nothing in the test suite asserts on its timings.
+Every run's releases must equal the offline replay of its input log (what
+``dpstream export-log`` and ``dpstream replay`` compute), byte for byte, as with one
+worker. Prints a Markdown table; ``--out`` appends it to a file. A benchmark: nothing in
+the test suite asserts on its timings.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,27 +48,10 @@ from bench.throughput import (  # noqa: E402
 )
 
 
-def assigned(log_path: Path, topic: str) -> set[int]:
-    """The input partitions of a worker's latest assignment, from Faust's INFO log."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    tables = text.split("Setting newly assigned partitions")
-    if len(tables) < 2:
-        return set()
-    for line in tables[-1].splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and cells[0] == topic:
-            out: set[int] = set()
-            for part in cells[1].strip("{}").split(","):
-                lo, _, hi = part.strip().partition("-")
-                out.update(range(int(lo), int(hi or lo) + 1))
-            return out
-    return set()
-
-
 def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, str]) -> dict:
     from dpstream.pipeline.clients import make_producer, produce_events
     from dpstream.pipeline.topics import ensure_topics
-    from dpstream.pipeline.worker_support import spawn_worker
+    from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
 
     base = base_config(None)
     cfg, path = write_config(
@@ -83,7 +66,12 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
     try:
         deadline = time.time() + 120
         while True:
-            parts = [assigned(log, cfg.input.topic) for log in logs]
+            parts = [
+                assigned_partitions(log.read_text(errors="replace"), cfg.input.topic)
+                if log.exists()
+                else set()
+                for log in logs
+            ]
             union = set().union(*parts)
             if (
                 all(parts)
@@ -117,7 +105,7 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
         "workers": workers,
         "events": sent,
         "seconds": end - started,
-        "equal_to_replay": equal_to_replay(bootstrap, cfg, path, env),
+        "equal_to_replay": equal_to_replay(bootstrap, cfg),
     }
 
 
@@ -143,29 +131,16 @@ def closing_tick(bootstrap: str, cfg: PipelineConfig, ends: dict[int, int]) -> i
     return max(ticks)
 
 
-def equal_to_replay(bootstrap: str, cfg: PipelineConfig, path: Path, env: dict[str, str]) -> bool:
-    """Every release of the run equals ``dpstream replay`` of its input log, byte for
-    byte (the releases are a prefix of the replay's: the replay closes every tick)."""
-    from dpstream.pipeline.clients import read_topic
+def equal_to_replay(bootstrap: str, cfg: PipelineConfig) -> bool:
+    """Every release of the run equals the offline replay of its input log, byte for byte
+    (the releases are a prefix of the replay's: the replay closes every tick)."""
+    from dpstream.pipeline.clients import export_log, read_topic
+    from dpstream.pipeline.replay import replay
+    from dpstream.pipeline.worker_support import load_noise
 
-    cli = [sys.executable, "-m", "dpstream.pipeline.cli"]
-    log = path.with_suffix(".events.jsonl")
-    config = ["--config", str(path)]
-    subprocess.run(  # noqa: S603 - fixed argument list
-        [*cli, "export-log", *config, "--bootstrap", bootstrap, "--out", str(log)],
-        check=True,
-        timeout=300,
-    )
-    replay = subprocess.run(  # noqa: S603 - fixed argument list
-        [*cli, "replay", *config, "--events", str(log)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        env={**os.environ, **env},
-    )
     replayed: dict[str, list[bytes]] = {}
-    for line in replay.stdout.splitlines():
-        replayed.setdefault(orjson.loads(line)["statistic"], []).append(line)
+    for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):
+        replayed.setdefault(release["statistic"], []).append(orjson.dumps(release))
     for stat in cfg.statistics:
         topic = cfg.release_topic(stat.name)
         released = [value for _, _, value, _ in read_topic(bootstrap, topic, 1)[0]]
@@ -191,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpstream.pipeline.broker import kafka_broker
 
     env = {KEY_ENV: secrets.token_hex(32)}
+    os.environ.update(env)  # the replay here uses the workers' key
     results: list[dict] = []
     with kafka_broker() as bootstrap:
         for i in range(args.runs):

@@ -178,6 +178,15 @@ VALUED_KINDS = ("sum", "histogram", "kselect")
 USER_STATE_KINDS = ("mean", "cell_mean")
 
 
+def _check_interval(lower: float, upper: float) -> None:
+    """A value range [lower, upper] of a mean: finite, and not empty."""
+    for name, bound in (("lower", lower), ("upper", upper)):
+        if not math.isfinite(bound):
+            raise ValueError(f"{name}: must be a finite number")
+    if not upper > lower:
+        raise ValueError(f"upper: must be greater than lower ({lower:g})")
+
+
 class MeanConfig(_Model):
     """kind mean: the continual mean of spec 000 Alg. 6 (user-level, pure epsilon-DP).
 
@@ -197,11 +206,7 @@ class MeanConfig(_Model):
 
     @model_validator(mode="after")
     def _bounds(self) -> MeanConfig:
-        for name in ("lower", "upper"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name}: must be a finite number")
-        if not self.upper > self.lower:
-            raise ValueError(f"upper: must be greater than lower ({self.lower:g})")
+        _check_interval(self.lower, self.upper)
         return self
 
 
@@ -276,11 +281,7 @@ class CellConfig(_Model):
 
     @model_validator(mode="after")
     def _modes(self) -> CellConfig:
-        for name in ("lower", "upper"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name}: must be a finite number")
-        if not self.upper > self.lower:
-            raise ValueError(f"upper: must be greater than lower ({self.lower:g})")
+        _check_interval(self.lower, self.upper)
         if not self.counts_public:
             if self.mechanism != "noisy_ratio":
                 raise ValueError(

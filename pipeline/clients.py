@@ -90,6 +90,22 @@ def _consumer(bootstrap: str, security: KafkaSecurityConfig | None = None) -> Co
     )
 
 
+def _next_record(consumer: Consumer, timeout: float, what: str):
+    """The next record from the assigned partitions (end-of-partition events skipped)."""
+    while True:
+        msg = consumer.poll(timeout)
+        if msg is None:
+            raise TimeoutError(f"reading {what}: no record within {timeout}s")
+        if not msg.error():
+            return msg
+        if msg.error().code() != KafkaError._PARTITION_EOF:
+            raise RuntimeError(str(msg.error()))
+
+
+def _fields(msg) -> tuple[int, list, bytes | None, int]:
+    return msg.offset(), msg.headers() or [], msg.value(), msg.timestamp()[1]
+
+
 def read_topic(
     bootstrap: str,
     topic: str,
@@ -112,15 +128,9 @@ def read_topic(
         consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
         remaining = set(ends)
         while remaining:
-            msg = consumer.poll(timeout)
-            if msg is None:
-                raise TimeoutError(f"reading {topic}: no record within {timeout}s")
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise RuntimeError(str(msg.error()))
+            msg = _next_record(consumer, timeout, topic)
             p = msg.partition()
-            out[p].append((msg.offset(), msg.headers() or [], msg.value(), msg.timestamp()[1]))
+            out[p].append(_fields(msg))
             if msg.offset() >= ends[p] - 1:
                 remaining.discard(p)
                 consumer.pause([TopicPartition(topic, p)])
@@ -145,18 +155,10 @@ def read_range(
         consumer.assign([TopicPartition(topic, partition, start)])
         out = []
         while True:
-            msg = consumer.poll(timeout)
-            if msg is None:
-                raise TimeoutError(
-                    f"reading {topic}[{partition}] {start}-{end}: nothing in {timeout}s"
-                )
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise RuntimeError(str(msg.error()))
+            msg = _next_record(consumer, timeout, f"{topic}[{partition}] {start}-{end}")
             if msg.offset() >= end:
                 return out
-            out.append((msg.offset(), msg.headers() or [], msg.value(), msg.timestamp()[1]))
+            out.append(_fields(msg))
             if msg.offset() == end - 1:
                 return out
     finally:

@@ -115,3 +115,20 @@ def stop_worker(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def assigned_partitions(log_text: str, topic: str) -> set[int]:
+    """``topic``'s partitions in a worker's latest assignment, read from Faust's INFO log
+    (its "Setting newly assigned partitions" table): for tests and benchmarks."""
+    tables = log_text.split("Setting newly assigned partitions")
+    if len(tables) < 2:
+        return set()
+    for line in tables[-1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] == topic:
+            out: set[int] = set()
+            for part in cells[1].strip("{}").split(","):
+                lo, _, hi = part.strip().partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+            return out
+    return set()

@@ -18,9 +18,13 @@ import numpy as np
 import orjson
 import pytest
 
-from dpstream.pipeline.clients import make_producer, produce_events
 from tests.conftest import wait_until
-from tests.integration.test_pipeline import readers, replayed_releases
+from tests.integration.test_pipeline import (
+    assert_equal_to_replay,
+    collected,
+    produce_rounds,
+    readers,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -92,11 +96,8 @@ def test_cell_means_pipeline_equals_replay(bootstrap, worker_factory, monkeypatc
     try:
         # The strict statistic releases every listed cell in every slot: the clock runs.
         wait_until(lambda: rd["speed_strict"].drain() != [], 90, "a first release", worker)
-        producer = make_producer(bootstrap)
-        for _ in range(ROUNDS):
-            produce_events(producer, cfg, traffic(rng), batch=50)
-            assert producer.flush(10) == 0
-            time.sleep(TICK)
+        rounds = (traffic(rng) for _ in range(ROUNDS))
+        produce_rounds(bootstrap, cfg, rounds, batch=50, pause=TICK)
         # Every slot with traffic has closed once the strict releases pass the next slot.
         done = (math.floor(time.time() / TICK) // SLOT_TICKS + 1) * SLOT_TICKS
         wait_until(
@@ -106,17 +107,13 @@ def test_cell_means_pipeline_equals_replay(bootstrap, worker_factory, monkeypatc
             worker,
         )
         rd["speed"].drain()
-        pipeline = {s.name: rd[s.name].records[:] for s in cfg.statistics}
-        ledger = rd["_ledger"].drain()
-        dead = rd["_dead"].drain()
+        pipeline, ledger, dead = collected(rd, cfg)
     finally:
         for r in rd.values():
             r.close()
     assert dead == []
     monkeypatch.setenv(KEY_ENV, key)
-    replayed = replayed_releases(cfg, bootstrap)
-    for name, released in pipeline.items():
-        assert replayed[name][: len(released)] == released, name  # byte for byte
+    assert_equal_to_replay(cfg, bootstrap, pipeline)
     public = [orjson.loads(r) for r in pipeline["speed"]]
     strict = [orjson.loads(r) for r in pipeline["speed_strict"]]
     assert len({r["slot"] for r in public}) >= 6

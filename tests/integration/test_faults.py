@@ -47,7 +47,7 @@ from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.records import partition_for
 from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.pipeline.topics import changelog_topics
-from dpstream.pipeline.worker_support import spawn_worker
+from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
 from tests.conftest import WorkerProcess, unique_names, wait_until, worker_pool
 from tests.integration.test_pipeline import (
     TICK,
@@ -629,6 +629,15 @@ AIOKafkaProducer.flush = flush
 """
 
 
+def hooked(tmp_path: Path, source: str) -> dict[str, str]:
+    """The environment that makes a worker run ``source`` at start-up (a sitecustomize
+    module first on its PYTHONPATH)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(source)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+
+
 def test_a_release_unacknowledged_at_a_crash_is_sent_after_the_restart(bootstrap, tmp_path):
     """The release of a tick is still unacknowledged when the worker dies: stage 2 must not
     have stored the tick as closed, or the re-delivered reports are ignored and the tick is
@@ -638,14 +647,12 @@ def test_a_release_unacknowledged_at_a_crash_is_sent_after_the_restart(bootstrap
     it; a normal worker takes over. The events are all released before the delay starts,
     so that only releases are in flight at the kill (stage 1's crash issue is the next
     test's)."""
-    hook, flag = tmp_path / "hook", tmp_path / "slow-from-now"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SLOW_TOPIC_HOOK)
+    flag = tmp_path / "slow-from-now"
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     cfg = parse_config(data)
     slow = {
         **FAST_REJOIN,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+        **hooked(tmp_path, SLOW_TOPIC_HOOK),
         "DPSTREAM_TEST_SLOW_TOPIC": cfg.release_topic("views"),
         "DPSTREAM_TEST_SLOW_SECONDS": str(6 * TICK),
         "DPSTREAM_TEST_SLOW_FLAG": str(flag),
@@ -712,15 +719,13 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
     new worker was never re-delivered them and all 40 units were lost (3 of 3 runs
     before the commit was made to wait for them: ``BatchedTable.install``)."""
     interval = 4.0
-    hook, flag = tmp_path / "hook", tmp_path / "slow-from-now"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SLOW_TOPIC_HOOK)
+    flag = tmp_path / "slow-from-now"
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     data["ticks"] = {"interval_seconds": interval}
     cfg = parse_config(data)
     env = {
         **FAST_REJOIN,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+        **hooked(tmp_path, SLOW_TOPIC_HOOK),
         "DPSTREAM_TEST_SLOW_TOPIC": changelog_topics(cfg)[0],  # the stage1 table's
         "DPSTREAM_TEST_SLOW_SECONDS": "6",
         "DPSTREAM_TEST_SLOW_FLAG": str(flag),
@@ -778,19 +783,7 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
 def assigned_input_partitions(worker: WorkerProcess) -> set[int]:
     """The input partitions of the worker's latest assignment, from Faust's INFO log."""
     text = worker.log_path.read_text(errors="replace")
-    tables = text.split("Setting newly assigned partitions")
-    if len(tables) < 2:
-        return set()
-    topic = worker.cfg.input.topic
-    for line in tables[-1].splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and cells[0] == topic:
-            out: set[int] = set()
-            for part in cells[1].strip("{}").split(","):
-                lo, _, hi = part.strip().partition("-")
-                out.update(range(int(lo), int(hi or lo) + 1))
-            return out
-    return set()
+    return assigned_partitions(text, worker.cfg.input.topic)
 
 
 def test_two_workers_one_dies_the_survivor_takes_over(bootstrap, tmp_path):
@@ -881,15 +874,10 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
     first tick is not the next one and reads since that statistic's last report. Every
     event counts once: the releases equal the truncated counts of the log, and the worker
     log names the hole."""
-    hook, hole = tmp_path / "hook", tmp_path / "hole"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOLE_HOOK)
+    hole = tmp_path / "hole"
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     cfg = parse_config(data)
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
-        "DPSTREAM_TEST_HOLE_FILE": str(hole),
-    }
+    env = {**hooked(tmp_path, HOLE_HOOK), "DPSTREAM_TEST_HOLE_FILE": str(hole)}
     worker = start_worker(bootstrap, tmp_path, data, env)
     rd = readers(bootstrap, worker)
     users = [u for u in (f"hole-{i:03d}" for i in range(200)) if partition_for(u, 4) == 0][:12]
@@ -911,9 +899,7 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
         since = math.floor(time.time() / TICK) + 1
 
         def released() -> bool:
-            return all(
-                any(r["tick"] > since for r in rd[s.name].drain()) for s in cfg.statistics
-            )
+            return all(any(r["tick"] > since for r in rd[s.name].drain()) for s in cfg.statistics)
 
         wait_until(released, 60, "releases after the events", worker)
         worker.assert_running()

@@ -17,10 +17,11 @@ import numpy as np
 import orjson
 import pytest
 
-from dpstream.pipeline.clients import make_producer, produce_events
 from tests.integration.test_pipeline import (
+    assert_equal_to_replay,
+    collected,
+    produce_rounds,
     readers,
-    replayed_releases,
     wait_for_first_release,
     wait_for_tick,
 )
@@ -71,24 +72,16 @@ def test_mean_pipeline_equals_replay_while_levels_activate(bootstrap, worker_fac
     rng = random.Random(5)
     try:
         wait_for_first_release(worker, rd["latency"])
-        producer = make_producer(bootstrap)
-        for _ in range(ROUNDS):
-            produce_events(producer, cfg, traffic(rng), batch=100)
-            assert producer.flush(10) == 0
-            time.sleep(TICK)
+        rounds = (traffic(rng) for _ in range(ROUNDS))
+        produce_rounds(bootstrap, cfg, rounds, batch=100, pause=TICK)
         wait_for_tick(worker, rd, math.floor(time.time() / TICK) + 1)
-        pipeline = {s.name: rd[s.name].records[:] for s in cfg.statistics}
-        ledger = rd["_ledger"].drain()
-        dead = rd["_dead"].drain()
+        pipeline, ledger, dead = collected(rd, cfg)
     finally:
         for r in rd.values():
             r.close()
     assert dead == []
     monkeypatch.setenv(KEY_ENV, key)
-    replayed = replayed_releases(cfg, bootstrap)
-    for name, released in pipeline.items():
-        assert len(released) >= ROUNDS, name
-        assert replayed[name][: len(released)] == released, name  # byte for byte
+    assert_equal_to_replay(cfg, bootstrap, pipeline, least=ROUNDS)
     last = orjson.loads(pipeline["latency"][-1])
     assert last["active_levels"] >= 2, last  # a private median ran in the pipeline
     assert last["samples"] > 1000

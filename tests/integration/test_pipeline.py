@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 import orjson
@@ -127,6 +128,30 @@ def replayed_releases(cfg, bootstrap: str) -> dict[str, list[bytes]]:
     for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):
         out[release["statistic"]].append(orjson.dumps(release))
     return out
+
+
+def produce_rounds(bootstrap: str, cfg, rounds: Iterable[list[dict]], batch: int, pause: float):
+    """Each round's events through dpstream's producer, then a pause (about a tick)."""
+    producer = make_producer(bootstrap)
+    for events in rounds:
+        produce_events(producer, cfg, events, batch=batch)
+        assert producer.flush(10) == 0
+        time.sleep(pause)
+
+
+def collected(rd: dict[str, TopicReader], cfg) -> tuple[dict[str, list[bytes]], list, list]:
+    """(releases per statistic as read so far, ledger entries, dead letters)."""
+    releases = {s.name: rd[s.name].records[:] for s in cfg.statistics}
+    return releases, rd["_ledger"].drain(), rd["_dead"].drain()
+
+
+def assert_equal_to_replay(cfg, bootstrap: str, pipeline: dict[str, list[bytes]], least: int = 0):
+    """Every statistic released at least ``least`` records, byte for byte a prefix of
+    ``replayed_releases`` (the worker's key must be in the environment)."""
+    replayed = replayed_releases(cfg, bootstrap)
+    for name, released in pipeline.items():
+        assert len(released) >= least, name
+        assert replayed[name][: len(released)] == released, name  # byte for byte
 
 
 def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:

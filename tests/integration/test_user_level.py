@@ -17,10 +17,11 @@ import numpy as np
 import orjson
 import pytest
 
-from dpstream.pipeline.clients import make_producer, produce_events
 from tests.integration.test_pipeline import (
+    assert_equal_to_replay,
+    collected,
+    produce_rounds,
     readers,
-    replayed_releases,
     wait_for_first_release,
     wait_for_tick,
 )
@@ -74,24 +75,16 @@ def test_user_level_pipeline_equals_replay_while_tau_doubles(
     rng = random.Random(8)
     try:
         wait_for_first_release(worker, rd["views"])
-        producer = make_producer(bootstrap)
-        for r in range(ROUNDS):
-            produce_events(producer, cfg, traffic(r, rng), batch=100)
-            assert producer.flush(10) == 0
-            time.sleep(TICK)
+        rounds = (traffic(r, rng) for r in range(ROUNDS))
+        produce_rounds(bootstrap, cfg, rounds, batch=100, pause=TICK)
         wait_for_tick(worker, rd, math.floor(time.time() / TICK) + 1)
-        pipeline = {s.name: rd[s.name].records[:] for s in cfg.statistics}
-        ledger = rd["_ledger"].drain()
-        dead = rd["_dead"].drain()
+        pipeline, ledger, dead = collected(rd, cfg)
     finally:
         for r in rd.values():
             r.close()
     assert dead == []
     monkeypatch.setenv(KEY_ENV, key)
-    replayed = replayed_releases(cfg, bootstrap)
-    for name, released in pipeline.items():
-        assert len(released) >= ROUNDS, name
-        assert replayed[name][: len(released)] == released, name  # byte for byte
+    assert_equal_to_replay(cfg, bootstrap, pipeline, least=ROUNDS)
     views = [orjson.loads(r) for r in pipeline["views"]]
     taus = sorted({v["tau"] for v in views})
     assert taus[0] == 2 and taus[-1] >= 8, taus  # doubled at least twice

@@ -107,15 +107,25 @@ class ChangelogTable(dict):
     def __init__(self, log: list) -> None:
         super().__init__()
         self.log = log
+        self.completed = 0
 
     def __setitem__(self, key, value) -> None:
         self.log.append((key, copy.deepcopy(value)))
         super().__setitem__(key, copy.deepcopy(value))
 
+    def before_record(self, keys: set[str]) -> None:
+        """Every write is in the changelog at once: nothing to flush."""
 
-def _worker_step(stage1, table, record, reports) -> None:
+    def flush(self) -> None:
+        pass
+
+
+def _worker_step(stage1, table, record, reports, flush_mid: bool = False) -> None:
     """What pipeline/app.py handle_input does with one record, in its write order: user
-    entries ("u:") first, the partition state ("p:0") last, into one table."""
+    entries ("u:") first, the partition state ("p:0") last, into one table. With batched
+    changelog writes (WindowedTable) the window is flushed first if the record writes a
+    user already in it; ``flush_mid``: a commit's flush lands while the record awaits its
+    outputs (after its user entries, before its partition state)."""
     offset, payload = record
     pstate = copy.deepcopy(table.get("p:0")) or Stage1.new_partition_state()
     if isinstance(payload, int):
@@ -123,9 +133,13 @@ def _worker_step(stage1, table, record, reports) -> None:
             return
         reports.extend(stage1.close_tick(pstate, 0, payload))
     else:
+        table.before_record({"u:" + e.user_id for e in payload})
         stage1.add_events(pstate, KeyPrefix(table, "u:"), payload, offset)
+    if flush_mid:
+        table.flush()
     pstate["last_offset"] = max(pstate["last_offset"], offset)
     table["p:0"] = pstate
+    table.completed += 1
 
 
 def test_stage1_counts_every_record_once_after_a_crash_at_any_changelog_write():
@@ -420,31 +434,14 @@ class WindowedTable(dict):
         super().__setitem__(key, copy.deepcopy(value))
         self.window.add(0, key, orjson.dumps(value))
 
+    def before_record(self, keys: set[str]) -> None:
+        if self.window.must_flush_before(0, keys):
+            self.flush()
+
     def flush(self) -> None:
         for _, entries in self.window.take():
             self.log.extend((key, orjson.loads(value)) for key, value in entries)
         self.flushed_through += [len(self.log)] * (self.completed - len(self.flushed_through))
-
-
-def _windowed_step(stage1, table, record, reports, flush_mid: bool) -> None:
-    """handle_input with batched changelog writes: flush first if the record writes a user
-    already in the window; ``flush_mid``: a commit's flush lands while the record awaits its
-    outputs (after its user entries, before its partition state)."""
-    offset, payload = record
-    pstate = copy.deepcopy(table.get("p:0")) or Stage1.new_partition_state()
-    if isinstance(payload, int):
-        if offset <= pstate["last_offset"]:
-            return
-        reports.extend(stage1.close_tick(pstate, 0, payload))
-    else:
-        if table.window.must_flush_before(0, {"u:" + e.user_id for e in payload}):
-            table.flush()
-        stage1.add_events(pstate, KeyPrefix(table, "u:"), payload, offset)
-    if flush_mid:
-        table.flush()
-    pstate["last_offset"] = max(pstate["last_offset"], offset)
-    table["p:0"] = pstate
-    table.completed += 1
 
 
 @pytest.mark.parametrize("schedule", range(40))
@@ -460,7 +457,7 @@ def test_stage1_counts_every_record_once_with_batched_changelog_writes(schedule)
     log: list = []
     table, reports = WindowedTable(log), []
     for record in records:
-        _windowed_step(stage1, table, record, reports, flush_mid=bool(rng.random() < 0.3))
+        _worker_step(stage1, table, record, reports, flush_mid=bool(rng.random() < 0.3))
         if rng.random() < 0.3:
             table.flush()
     table.flush()
@@ -481,7 +478,7 @@ def test_stage1_counts_every_record_once_with_batched_changelog_writes(schedule)
             dict.update(table, copy.deepcopy(persisted))
             resent: list = []
             for record in records[restart:]:
-                _windowed_step(stage1, table, record, resent, flush_mid=False)
+                _worker_step(stage1, table, record, resent)
             assert dict(table) == full, (schedule, cut, restart)
             for r in resent:
                 assert expected[r.statistic, r.tick] == r, (schedule, cut, restart)
