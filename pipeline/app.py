@@ -20,7 +20,7 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
-from .changelog import BatchedTable
+from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
 from .faust_fixes import seek_uncommitted_to_beginning
 from .kafka_security import faust_credentials
@@ -106,6 +106,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         producer_linger_ms=5,
+        # A stage-1 changelog window goes out as one record batch (changelog.py).
+        producer_max_batch_size=WINDOW_BYTES + 64 * 1024,
         worker_redirect_stdouts=False,
         # SASL/TLS from the config's kafka: section (None: PLAINTEXT).
         broker_credentials=faust_credentials(cfg.kafka),
@@ -123,9 +125,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     # ("p:<partition>"), both written to the changelog partition of the record being
     # processed, in batches (changelog.py says why a crash still loses only what the
     # per-record idempotence of Stage1.add_events repairs).
-    stage1_table = BatchedTable(
-        app, app.Table("stage1", partitions=partitions, key_type=str), last_prefix="p:"
-    )
+    stage1_table = BatchedTable(app, app.Table("stage1", partitions=partitions, key_type=str))
     stage1_table.install()
     stage2_state = app.Table("stage2", partitions=partitions, key_type=str)
 
@@ -225,8 +225,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 bad += [(None, "misrouted: user_id does not hash to this partition")] * (
                     len(events) - len(routed)
                 )
-            keys = {"u:" + e.user_id for e in routed}
-            if stage1_table.must_flush_before(partition, keys):
+            if stage1_table.full:
                 await stage1_table.flush()
                 pstate = stage1_table.get(pkey) or pstate
             stage1.add_events(pstate, users, routed, offset, partition)

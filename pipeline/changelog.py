@@ -4,27 +4,30 @@ A Faust ``Table`` sends one changelog message per write (``__setitem__`` -> ``se
 -> ``ProducerBuffer`` -> aiokafka ``send``): about 200 µs of event-loop work per write,
 which made stage 1's per-user writes, not the DP work, the pipeline's dominant cost
 (docs/benchmarks.md). ``BatchedTable`` writes to the table's local store at once and
-sends the changelog entries later, many per aiokafka record batch, to the same changelog
-topic, partitions, keys (JSON) and values (JSON) as Faust would, so Faust's own recovery
-reads them back unchanged.
+sends the changelog entries later, one aiokafka record batch per window, to the same
+changelog topic, partitions, keys (JSON) and values (JSON) as Faust would, so Faust's own
+recovery reads them back unchanged.
 
 What the crash argument of ``Stage1.add_events`` needs, and how it is kept:
 
-* A crash loses a suffix of a changelog partition's writes. Entries of one partition are
-  sent in write order, one batch at a time (aiokafka keeps one batch per partition in
-  flight and sends a partition's batches in order), from one place under a lock.
-* Only the last record's user entries may be ahead of the partition state. Between two
-  flushes a partition's writes form a window in which every user entry is written at most
-  once (``must_flush_before`` is asked before each record) and the partition state
-  (keys starting ``last_prefix``) goes last. If a crash loses a suffix of a window, every
-  user entry that survived is from a record after the surviving partition state, and each
-  holds that record's own contribution: the per-record re-application of ``add_events``
-  restores exactly what was lost.
+* Only the last record's user entries may be ahead of the partition state that survives a
+  crash. A window holds, per changelog partition, the latest value of every key written
+  since the previous window, and goes to Kafka as ONE record batch: the broker appends a
+  batch whole or not at all, and a partition's batches are sent in window order (from one
+  place under a lock; aiokafka keeps one batch per partition in flight). So a crash keeps
+  whole windows: the state as it stood at some window's end. At that moment every user
+  entry is from a record the window's partition state already covers, or from the record
+  being processed (its entries are written before its partition state); ``add_events``
+  re-applies exactly that record's own contribution. A key written twice in one window
+  is sent once, with its latest value, which is what makes a window cheap.
+* A window is sealed when it reaches ``max_bytes`` (any moment is a consistent end, even
+  between a record's user entries and its partition state); the worker flushes before the
+  next record when one is sealed (``full``), so at most one sealed batch waits.
 * Values are serialized when written, so a later in-place change of the same object
   (the partition state is mutated while the next record is processed) is never sent
   early.
 * Offsets are never committed past unsent state: Faust flushes its producer before every
-  commit and when partitions are revoked; ``install`` makes that flush send the window
+  commit and when partitions are revoked; ``install`` makes that flush send the windows
   first.
 """
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import faust
@@ -40,66 +43,54 @@ import orjson
 
 log = logging.getLogger(__name__)
 
+# Bytes a record adds to a v2 record batch besides its key and value (length, attributes,
+# timestamp and offset deltas, key/value lengths, header count: varints of at most 5 bytes).
+RECORD_OVERHEAD = 21
+# A window's size bound: well under the producer batch size set in pipeline/app.py and the
+# broker's default max.message.bytes (1 MiB), so a window always fits one batch.
+WINDOW_BYTES = 256 * 1024
+
 
 class ChangelogWindow:
-    """Table writes not yet sent to the changelog, per changelog partition, in the order
-    they must be sent: write order, except that the partition state (keys starting
-    ``last_prefix``) goes last.
+    """Table writes not yet sent to the changelog: per changelog partition, the latest
+    value of each key written since the last window, sealed at ``max_bytes``."""
 
-    ``must_flush_before`` keeps every user entry written at most once per partition state:
-    a key written since the last partition state that reached the changelog may not be
-    written again until the next one has (a flush that lands between a record's user
-    entries and its partition state leaves those entries ahead of the sent state).
-    """
-
-    def __init__(self, last_prefix: str, max_entries: int = 5000) -> None:
-        self.last_prefix, self.max_entries = last_prefix, max_entries
-        self._entries: dict[int, dict[str, bytes]] = {}  # partition -> key -> JSON value
-        self._count = 0
-        # partition -> keys written before / after the window's partition state write
-        self._covered: dict[int, set[str]] = {}
-        self._uncovered: dict[int, set[str]] = {}
+    def __init__(self, max_bytes: int = WINDOW_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._open: dict[int, dict[str, bytes]] = {}  # partition -> key -> JSON value
+        self._bytes: dict[int, int] = {}
+        self._sealed: list[tuple[int, dict[str, bytes]]] = []
 
     def add(self, partition: int, key: str, value: bytes) -> None:
-        self._entries.setdefault(partition, {})[key] = value
-        self._count += 1
-        uncovered = self._uncovered.setdefault(partition, set())
-        if key.startswith(self.last_prefix):
-            self._covered.setdefault(partition, set()).update(uncovered)
-            uncovered.clear()
-        else:
-            uncovered.add(key)
+        entries = self._open.setdefault(partition, {})
+        old = entries.get(key)
+        size = self._bytes.get(partition, 0) + len(value)
+        size += len(key) + RECORD_OVERHEAD if old is None else -len(old)
+        if size > self.max_bytes and len(entries) > (old is not None):
+            self._sealed.append((partition, entries))
+            entries = self._open[partition] = {}
+            size = len(key) + len(value) + RECORD_OVERHEAD
+        entries[key] = value
+        self._bytes[partition] = size
 
-    def must_flush_before(self, partition: int, keys: Iterable[str]) -> bool:
-        """Whether a record writing ``keys`` in ``partition`` must wait for a flush: one of
-        them was written since the last partition state sent, or the window is full."""
-        if self._count >= self.max_entries:
-            return True
-        for written in (self._covered.get(partition), self._uncovered.get(partition)):
-            if written and any(k in written for k in keys):
-                return True
-        return False
+    @property
+    def full(self) -> bool:
+        """A window was sealed and waits for a flush."""
+        return bool(self._sealed)
 
     def take(self) -> list[tuple[int, list[tuple[str, bytes]]]]:
-        """Empty the window; per partition, its entries in send order."""
-        taken, self._entries, self._count = self._entries, {}, 0
-        self._covered = {}  # sent with (before) the partition state that covers them
-        out = []
-        for partition, entries in taken.items():
-            first = [(k, v) for k, v in entries.items() if not k.startswith(self.last_prefix)]
-            last = [(k, v) for k, v in entries.items() if k.startswith(self.last_prefix)]
-            out.append((partition, first + last))
-        return out
+        """Empty the window: (partition, entries) per record batch, in send order."""
+        taken = self._sealed + [(p, e) for p, e in self._open.items() if e]
+        self._open, self._bytes, self._sealed = {}, {}, []
+        return [(partition, list(entries.items())) for partition, entries in taken]
 
 
 class BatchedTable:
     """A Faust table (memory store) whose changelog writes are sent in batches."""
 
-    def __init__(
-        self, app: faust.App, table: Any, *, last_prefix: str, max_window_entries: int = 5000
-    ) -> None:
+    def __init__(self, app: faust.App, table: Any, *, max_window_bytes: int = WINDOW_BYTES) -> None:
         self._app, self._table = app, table
-        self._window = ChangelogWindow(last_prefix, max_window_entries)
+        self._window = ChangelogWindow(max_window_bytes)
         self._lock = asyncio.Lock()
 
     @property
@@ -120,15 +111,16 @@ class BatchedTable:
         store._key_partition[key] = partition
         self._window.add(partition, key, orjson.dumps(value))
 
-    def must_flush_before(self, partition: int, keys: Iterable[str]) -> bool:
-        return self._window.must_flush_before(partition, keys)
+    @property
+    def full(self) -> bool:
+        return self._window.full
 
     def for_partition(self, partition: int) -> PartitionEntries:
         return PartitionEntries(self, partition)
 
     async def flush(self, delivered: bool = False) -> None:
-        """Send the window's entries. Their delivery is awaited by the producer's flush
-        before a commit, or here with ``delivered``."""
+        """Send the windows. Their delivery is awaited by the producer's flush before a
+        commit, or here with ``delivered``."""
         async with self._lock:
             producer = self._app.producer._ensure_producer()  # Faust's aiokafka producer
             topic = self._table.changelog_topic.get_topic_name()
@@ -137,9 +129,11 @@ class BatchedTable:
                 batch = producer.create_batch()
                 for key, value in entries:
                     if batch.append(key=orjson.dumps(key), value=value, timestamp=None) is None:
-                        sent.append(await self._send(producer, batch, topic, partition))
-                        batch = producer.create_batch()
-                        batch.append(key=orjson.dumps(key), value=value, timestamp=None)
+                        # Split, a crash between the parts could keep half a window.
+                        raise RuntimeError(
+                            f"a changelog window of {len(entries)} entries does not fit one "
+                            "record batch (producer_max_batch_size < WINDOW_BYTES?)"
+                        )
                 sent.append(await self._send(producer, batch, topic, partition))
         if delivered:
             await asyncio.gather(*sent)

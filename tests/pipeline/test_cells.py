@@ -421,13 +421,23 @@ def test_replay_with_one_and_four_partitions_is_identical_under_a_key(cells):
         ({"mechanism": "noisy_ratio"}, "cells.contribution_cap: required for mechanism"),
         ({"contribution_cap": 3}, "cells.contribution_cap: only applies to noisy_ratio"),
         (
-            {"mechanism": "noisy_ratio", "contribution_cap": 2, "keys": ["A"],
-             "counts_public": False, "clip_user": True},
+            {
+                "mechanism": "noisy_ratio",
+                "contribution_cap": 2,
+                "keys": ["A"],
+                "counts_public": False,
+                "clip_user": True,
+            },
             "cells.clip_user: needs counts_public: true",
         ),  # fmt: skip
         (
-            {"mechanism": "noisy_ratio", "contribution_cap": 2, "keys": ["A"],
-             "counts_public": False, "on_cap": "skip_cell"},
+            {
+                "mechanism": "noisy_ratio",
+                "contribution_cap": 2,
+                "keys": ["A"],
+                "counts_public": False,
+                "on_cap": "skip_cell",
+            },
             "cells.on_cap: skip_cell needs counts_public: true",
         ),  # fmt: skip
         ({"lower": 0.5}, "cells.lower: must be a multiple of the grid step 1"),
