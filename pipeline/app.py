@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Iterator, MutableMapping
+from collections.abc import Awaitable
 from pathlib import Path
 
 import faust
@@ -66,29 +66,6 @@ def dead_letter(
         "payload_truncated": len(text) > DEAD_LETTER_PAYLOAD_CHARS,
     }
     return orjson.dumps(record)
-
-
-class KeyPrefix(MutableMapping[str, dict]):
-    """A view of the entries of ``table`` whose keys start with ``prefix``."""
-
-    def __init__(self, table: MutableMapping[str, dict], prefix: str) -> None:
-        self._table, self._prefix = table, prefix
-
-    def __getitem__(self, key: str) -> dict:
-        return self._table[self._prefix + key]
-
-    def __setitem__(self, key: str, value: dict) -> None:
-        self._table[self._prefix + key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._table[self._prefix + key]
-
-    def __iter__(self) -> Iterator[str]:
-        n = len(self._prefix)
-        return (k[n:] for k in self._table if k.startswith(self._prefix))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
@@ -191,7 +168,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             await fill_gap(partition, pstate["last_offset"] + 1, offset)
             pstate = stage1_table.get(pkey)
         entries = stage1_table.for_partition(partition)
-        users = KeyPrefix(entries, "u:")
+        users = stage1_table.for_partition(partition, "u:")
         sent: list[Awaitable] = []
         kind = header_kind(headers)
         if kind == TICK and offset <= pstate["last_offset"]:

@@ -100,23 +100,12 @@ class BatchedTable:
     def get(self, key: str, default: Any = None) -> Any:
         return self._store.data.get(key, default)
 
-    def keys(self) -> Iterator[str]:
-        return iter(self._store.data)
-
-    def set(self, partition: int, key: str, value: dict) -> None:
-        store = self._store
-        store.data[key] = value
-        # Faust's memory store only learns a key's partition from recovery; with it, the
-        # entries of a revoked partition are dropped instead of lingering stale.
-        store._key_partition[key] = partition
-        self._window.add(partition, key, orjson.dumps(value))
-
     @property
     def full(self) -> bool:
         return self._window.full
 
-    def for_partition(self, partition: int) -> PartitionEntries:
-        return PartitionEntries(self, partition)
+    def for_partition(self, partition: int, prefix: str = "") -> PartitionEntries:
+        return PartitionEntries(self, partition, prefix)
 
     async def flush(self, delivered: bool = False) -> None:
         """Send the windows. Their delivery is awaited by the producer's flush before a
@@ -172,29 +161,40 @@ class BatchedTable:
 
 
 class PartitionEntries(MutableMapping[str, dict]):
-    """The table as seen while processing one record of ``partition``: reads see every
-    entry, writes go to that partition's changelog (as Faust's per-event tables do)."""
+    """The table's entries whose keys start with ``prefix``, as seen while processing one
+    record of ``partition``: reads see every entry, writes go to that partition's changelog
+    (as Faust's per-event tables do). Keys are given without the prefix. ``get`` and
+    ``__setitem__`` go straight to the store: stage 1 calls them per user per record."""
 
-    def __init__(self, table: BatchedTable, partition: int) -> None:
-        self._table, self._partition = table, partition
+    def __init__(self, table: BatchedTable, partition: int, prefix: str = "") -> None:
+        store = table._store
+        self._data: dict[str, Any] = store.data
+        self._key_partition: dict[str, int] = store._key_partition
+        self._window, self._partition, self._prefix = table._window, partition, prefix
 
     def __getitem__(self, key: str) -> dict:
-        value = self._table.get(key)
+        value = self._data.get(self._prefix + key)
         if value is None:
             raise KeyError(key)
         return value
 
     def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return self._table.get(key, default)
+        return self._data.get(self._prefix + key, default)
 
     def __setitem__(self, key: str, value: dict) -> None:
-        self._table.set(self._partition, key, value)
+        key = self._prefix + key
+        self._data[key] = value
+        # Faust's memory store only learns a key's partition from recovery; with it, the
+        # entries of a revoked partition are dropped instead of lingering stale.
+        self._key_partition[key] = self._partition
+        self._window.add(self._partition, key, orjson.dumps(value))
 
     def __delitem__(self, key: str) -> None:
         raise NotImplementedError("stage 1 never deletes entries")
 
     def __iter__(self) -> Iterator[str]:
-        return self._table.keys()
+        n, prefix = len(self._prefix), self._prefix
+        return (k[n:] for k in self._data if k.startswith(prefix))
 
     def __len__(self) -> int:
-        return len(self._table._store.data)
+        return sum(1 for _ in self)

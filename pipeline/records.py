@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import orjson
 from aiokafka.partitioner import murmur2
@@ -38,8 +39,10 @@ class BadRecord(Exception):  # noqa: N818 - it is a verdict on input, not a prog
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """A validated event. A tuple: built once per event on the hot path, where a frozen
+    dataclass's ``__init__`` cost four times as much."""
+
     user_id: str
     key: str | None
     value: float | None
@@ -78,6 +81,8 @@ class Limits:
     # Event attributes that hold a cell key (kind cell_mean), and their longest value.
     cell_fields: tuple[str, ...] = ()
     max_cell_key_length: int = 128
+    # (key, delete) -> _value_plan(...): which rules apply to such an event, computed once.
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # ~10 MB at most
@@ -109,63 +114,91 @@ def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) 
 
 
 def parse_event(obj: object, limits: Limits) -> Event:
-    if not isinstance(obj, dict):
+    # orjson returns exact dicts, lists, strs, ints, floats and bools: ``type(x) is``
+    # checks are exact here (a bool is not an int) and cheaper than isinstance.
+    if type(obj) is not dict:
         raise BadRecord("event is not a JSON object")
-    user_id = obj.get("user_id")
-    if user_id is None:
-        raise BadRecord("missing user_id")
-    if not isinstance(user_id, str):
-        raise BadRecord("user_id is not a string")
-    if not user_id.strip():
-        raise BadRecord("empty user_id")
-    if len(user_id) > limits.max_user_id_length:
-        raise BadRecord("user_id too long")
-    key = obj.get("key")
-    if key is not None and not isinstance(key, str):
+    get = obj.get
+    user_id = get("user_id")
+    if type(user_id) is not str or len(user_id) > limits.max_user_id_length or not user_id.strip():
+        raise _bad_user_id(user_id)
+    key = get("key")
+    if key is not None and type(key) is not str:
         raise BadRecord("key is not a string")
     if limits.known_keys is not None and key not in limits.known_keys:
         # No statistic would count this event.
         raise BadRecord("unknown statistic key" if key is not None else "missing key")
-    value = obj.get("value")
+    value = get("value")
     if value is not None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if type(value) is int:
+            value = float(value)
+        elif type(value) is not float:
             raise BadRecord("value is not a number")
-        if not math.isfinite(value):
+        elif not math.isfinite(value):
             raise BadRecord("value is not finite")
-        value = float(value)
-    ts = obj.get("ts")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float, str))):
+    ts = get("ts")
+    if ts is not None and type(ts) not in (int, float, str):
         raise BadRecord("ts is not a number or string")
-    op = obj.get("op", "insert")
-    if op not in ("insert", "delete"):
+    op = get("op")
+    if op is None or op == "insert":
+        delete = False
+    elif op == "delete":
+        delete = True
+    else:
         raise BadRecord("op is not insert or delete")
     cells: tuple[tuple[str, str], ...] = ()
-    for field in limits.cell_fields:
-        cell = obj.get(field)
+    for name in limits.cell_fields:
+        cell = get(name)
         if cell is None:
             continue  # a statistic that needs it rejects the event below
-        if not isinstance(cell, str):
-            raise BadRecord(f"{field} is not a string")
+        if type(cell) is not str:
+            raise BadRecord(f"{name} is not a string")
         if not cell.strip():
-            raise BadRecord(f"empty {field}")
+            raise BadRecord(f"empty {name}")
         if len(cell) > limits.max_cell_key_length:
-            raise BadRecord(f"{field} too long")
-        cells += ((field, cell),)
-    event = Event(user_id=user_id, key=key, value=value, delete=op == "delete", cells=cells)
-    _check_value_rules(event, limits.value_rules)
+            raise BadRecord(f"{name} too long")
+        cells += ((name, cell),)
+    event = Event(user_id, key, value, delete, cells)
+    plan = limits.plans.get((key, delete))
+    if plan is None:
+        plan = limits.plans[key, delete] = _value_plan(limits.value_rules, key, delete)
+    deletable, checks = plan
+    if checks:
+        _check_values(event, checks)
+    if delete and not deletable:
+        raise BadRecord("op delete: no statistic with deletions counts this event")
     return event
 
 
-def _check_value_rules(event: Event, rules: tuple[ValueRule, ...]) -> None:
-    # The whole event is rejected if any statistic that counts it cannot: it is never
-    # counted by some statistics and not others.
-    deletable = False
+def _bad_user_id(user_id: object) -> BadRecord:
+    if user_id is None:
+        return BadRecord("missing user_id")
+    if type(user_id) is not str:
+        return BadRecord("user_id is not a string")
+    if not user_id.strip():
+        return BadRecord("empty user_id")
+    return BadRecord("user_id too long")
+
+
+def _value_plan(
+    rules: tuple[ValueRule, ...], key: str | None, delete: bool
+) -> tuple[bool, tuple[ValueRule, ...]]:
+    """(whether a statistic with deletions counts such an event, the rules whose value
+    checks it must pass) for events with this key and op. The whole event is rejected if
+    any statistic that counts it cannot: it is never counted by some and not others."""
+    deletable, checks = False, []
     for rule in rules:
-        if rule.key is not None and event.key != rule.key:
+        if rule.key is not None and key != rule.key:
             continue
         deletable = deletable or rule.deletions
-        if (event.delete and not rule.deletions) or not rule.needs_value:
+        if (delete and not rule.deletions) or not rule.needs_value:
             continue
+        checks.append(rule)
+    return deletable, tuple(checks)
+
+
+def _check_values(event: Event, checks: tuple[ValueRule, ...]) -> None:
+    for rule in checks:
         if rule.max_value is None:
             if event.value is None:
                 raise BadRecord(f"missing value (statistic {rule.statistic})")
@@ -179,8 +212,6 @@ def _check_value_rules(event: Event, rules: tuple[ValueRule, ...]) -> None:
                 raise BadRecord(f"missing {rule.cell_field} (statistic {rule.statistic})")
             if rule.cell_keys is not None and cell not in rule.cell_keys:
                 raise BadRecord(f"{rule.cell_field} not in cells.keys (statistic {rule.statistic})")
-    if event.delete and not deletable:
-        raise BadRecord("op delete: no statistic with deletions counts this event")
 
 
 def _loads(value: bytes) -> object:
@@ -242,13 +273,14 @@ def decode_events(
         raise BadRecord("oversized record")
     obj = _loads(value)
     if kind == BATCH:
-        if not isinstance(obj, list):
+        if type(obj) is not list:
             raise BadRecord("batch envelope is not a JSON array")
         good: list[Event] = []
         bad: list[tuple[int, str]] = []
+        append = good.append
         for i, item in enumerate(obj):
             try:
-                good.append(parse_event(item, limits))
+                append(parse_event(item, limits))
             except BadRecord as exc:
                 bad.append((i, exc.reason))
         return good, bad
@@ -266,6 +298,6 @@ def event_json(event: Event) -> dict[str, object]:
         out["value"] = event.value
     if event.delete:
         out["op"] = "delete"
-    for field, cell in event.cells:
-        out[field] = cell
+    for attr, cell in event.cells:
+        out[attr] = cell
     return out

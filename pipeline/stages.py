@@ -157,6 +157,66 @@ class _Counted:
             return "-" if self.deletions else None
         return "+"
 
+    def add(self, events: list[Event], used: dict[str, int], kept: dict[str, dict]) -> None:
+        """Count one user's ``events`` of a record: advance ``used`` (units per stream
+        slot: the statistic's name, ``<name>/-`` for deletions) and add what they
+        contribute to ``kept[self.name]`` (created only when non-empty).
+
+        A count or sum contributes per stream what its events' total would as one item:
+        Alg. 3 keeps clip(tau - used, 0, units) of them however they are split, rank bands
+        and crossed powers of consecutive unit ranges add up (``band_units``,
+        ``crossed_powers``). Other kinds depend on each event's value: ``contribution``.
+        """
+        if self.kind not in ("count", "sum"):
+            for event in events:
+                stream = self.stream(event)
+                if stream is None:
+                    continue
+                slot = self.name if stream == "+" else f"{self.name}/-"
+                units, weights = self.contribution(stream, used.get(slot, 0), event)
+                used[slot] = used.get(slot, 0) + units
+                if weights:  # never holds zeros
+                    _add(kept.setdefault(self.name, {}), weights)
+            return
+        plus = minus = 0
+        for event in events:
+            if self.key is None or event.key == self.key:
+                units = 1 if self.kind == "count" else int(event.value)  # type: ignore[arg-type]
+                if not event.delete:
+                    plus += units
+                elif self.deletions:
+                    minus += units
+        if plus:
+            before = used.get(self.name, 0)
+            used[self.name] = before + plus
+            if self.fixed is None:
+                self._add_ranks("+", before, plus, kept)
+            elif before < self.fixed.tau:
+                kept[self.name] = {"w": truncation.admit(self.fixed, before, plus)}
+        if minus:  # deletions: user-level statistics only
+            slot = self.name + "/-"
+            before = used.get(slot, 0)
+            used[slot] = before + minus
+            self._add_ranks("-", before, minus, kept)
+
+    def _add_ranks(self, stream: str, before: int, units: int, kept: dict[str, dict]) -> None:
+        # user_level.crossed_powers and band_units (column 0), inlined: per user per record.
+        out = kept.setdefault(self.name, {})
+        after = before + units
+        if after > 1:
+            for j in range(
+                0 if before <= 1 else (before - 1).bit_length(), (after - 1).bit_length()
+            ):
+                key = f"{stream}x{j}"
+                out[key] = out.get(key, 0) + 1
+        rank = before + 1
+        while rank <= after:
+            band = (rank - 1).bit_length()  # rank_band(rank); the band's last rank is 2^band
+            last = min(after, 1 << band)
+            key = f"{stream}b{band}/0"
+            out[key] = out.get(key, 0) + last - rank + 1
+            rank = last + 1
+
     def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
         """(units, weights) of ``event`` for a user who has sent ``used`` units before;
         weights holds no zero entries.
@@ -222,33 +282,32 @@ class Stage1:
         pending: dict[str, dict[str, int]] = pstate["pending"]
         by_user: dict[str, list[Event]] = {}
         for event in events:
-            by_user.setdefault(event.user_id, []).append(event)
+            group = by_user.get(event.user_id)
+            if group is None:
+                by_user[event.user_id] = [event]
+            else:
+                group.append(event)
         # One table write per user per record: each write is a changelog message.
         for user_id, user_events in by_user.items():
-            stored = users.get(user_id) or {"used": {}, "offset": -1, "kept": {}}
-            if stored["offset"] >= offset:
+            stored = users.get(user_id)
+            if stored is not None and stored["offset"] >= offset:
                 if stored["offset"] == offset and not in_pending:
                     for name, weights in stored["kept"].items():
                         _add(pending.setdefault(name, {}), weights)
                     self._redo(pstate, stored.get("redo", {}), partition)
                 continue
-            used, kept_now = dict(stored["used"]), {}
-            for event in user_events:
-                for stat in self._stats:
-                    stream = stat.stream(event)
-                    if stream is None:
-                        continue
-                    slot = stat.name if stream == "+" else f"{stat.name}/-"
-                    units, weights = stat.contribution(stream, used.get(slot, 0), event)
-                    used[slot] = used.get(slot, 0) + units
-                    if weights:  # never holds zeros
-                        _add(kept_now.setdefault(stat.name, {}), weights)
+            used = {} if stored is None else stored["used"].copy()
+            kept_now: dict[str, dict[str, int]] = {}
+            for stat in self._stats:
+                stat.add(user_events, used, kept_now)
             if not in_pending:
                 for name, weights in kept_now.items():
                     _add(pending.setdefault(name, {}), weights)
             entry = {"used": used, "offset": offset, "kept": kept_now}
             if self._user_stats:
-                self._apply_user_stats(pstate, stored, entry, user_events, partition, in_pending)
+                self._apply_user_stats(
+                    pstate, stored or {}, entry, user_events, partition, in_pending
+                )
             users[user_id] = entry
 
     def _apply_user_stats(

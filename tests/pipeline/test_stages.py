@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator, MutableMapping
 
 import numpy as np
 import orjson
@@ -11,11 +12,34 @@ import pytest
 from dpstream.config.schema import parse_config
 from dpstream.operators import truncation
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
-from dpstream.pipeline.app import KeyPrefix
 from dpstream.pipeline.changelog import RECORD_OVERHEAD, WINDOW_BYTES, ChangelogWindow
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Report, Stage1, Stage2
+
+
+class KeyPrefix(MutableMapping[str, dict]):
+    """The entries of ``table`` whose keys start with ``prefix`` (pipeline/changelog.py's
+    PartitionEntries over a plain dict)."""
+
+    def __init__(self, table: MutableMapping[str, dict], prefix: str) -> None:
+        self._table, self._prefix = table, prefix
+
+    def __getitem__(self, key: str) -> dict:
+        return self._table[self._prefix + key]
+
+    def __setitem__(self, key: str, value: dict) -> None:
+        self._table[self._prefix + key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._table[self._prefix + key]
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self._prefix)
+        return (k[n:] for k in self._table if k.startswith(self._prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def config(**privacy):
@@ -526,3 +550,75 @@ def test_a_window_keeps_the_latest_value_per_key_and_seals_at_its_size():
         (1, [("u:a", b"12")]),
     ]
     assert window.take() == [] and not window.full
+
+
+def _per_event_add_events(stage1, pstate, users, events, offset) -> None:
+    """Stage1.add_events as first written, one event at a time through
+    ``_Counted.contribution`` (the per-user closed forms must equal it)."""
+    by_user: dict[str, list] = {}
+    for event in events:
+        by_user.setdefault(event.user_id, []).append(event)
+    for user_id, user_events in by_user.items():
+        stored = users.get(user_id) or {"used": {}, "offset": -1, "kept": {}}
+        used, kept_now = dict(stored["used"]), {}
+        for event in user_events:
+            for stat in stage1._stats:
+                stream = stat.stream(event)
+                if stream is None:
+                    continue
+                slot = stat.name if stream == "+" else f"{stat.name}/-"
+                units, weights = stat.contribution(stream, used.get(slot, 0), event)
+                used[slot] = used.get(slot, 0) + units
+                for k, v in weights.items():
+                    into = kept_now.setdefault(stat.name, {})
+                    into[k] = into.get(k, 0) + v
+        for name, weights in kept_now.items():
+            for k, v in weights.items():
+                into = pstate["pending"].setdefault(name, {})
+                into[k] = into.get(k, 0) + v
+        users[user_id] = {"used": used, "offset": offset, "kept": kept_now}
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        [{"tau": 3}, {"tau": 2, "key": "click"}, {"kind": "sum", "tau": 7, "max_value": 5}],
+        [{"tau": "auto", "deletions": True}, {"tau": "auto", "key": "click"}],
+        [{"kind": "sum", "tau": "auto", "max_value": 5, "deletions": True}],
+        [{"kind": "histogram", "tau": "auto", "bins": 5}, {"kind": "distinct", "tau": "auto"}],
+    ],
+)
+def test_stage1_per_user_sums_equal_the_per_event_definition(stats):
+    """Exact equality of every user entry and pending sum over random records (heavy and
+    light users, keys, deletions, values 1..5) with the event-at-a-time definition."""
+    named = [
+        {"name": f"s{i}", "epsilon": 1, "practical": False, **s} for i, s in enumerate(stats)
+    ]
+    cfg = parse_config(
+        {
+            "input": {"partitions": 1},
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": len(named)},
+            "statistics": named,
+        }
+    )
+    stage1, rng = Stage1(cfg), np.random.default_rng(len(stats))
+    deletions = any(s.get("deletions") for s in stats)
+    fast = Stage1.new_partition_state(), {}
+    slow = Stage1.new_partition_state(), {}
+    for offset in range(300):
+        events = [
+            Event(
+                f"u{min(rng.geometric(0.3), 12)}",
+                "click" if rng.random() < 0.4 else None,
+                float(rng.integers(1, 6)),
+                delete=deletions and rng.random() < 0.2,
+            )
+            for _ in range(rng.integers(1, 9))
+        ]
+        stage1.add_events(*fast, events, offset)
+        _per_event_add_events(stage1, *slow, events, offset)
+        assert fast == slow, offset
+        if offset % 50 == 49:  # a tick: pending sums start over
+            fast[0]["pending"], slow[0]["pending"] = {}, {}
+    assert any(entry["used"] for entry in fast[1].values())
