@@ -139,8 +139,8 @@ def parse_event(obj: object, limits: Limits) -> Event:
     ts = get("ts")
     if ts is not None and type(ts) not in (int, float, str):
         raise BadRecord("ts is not a number or string")
-    op = get("op")
-    if op is None or op == "insert":
+    op = get("op", "insert")  # present but null is not an op
+    if op == "insert":
         delete = False
     elif op == "delete":
         delete = True

@@ -107,9 +107,17 @@ def _valued_limits():
             "op delete: no statistic with deletions counts this event",
         ),
         ({"key": "cart", "op": "remove"}, "op is not insert or delete"),
+        ({"key": "cart", "op": None}, "op is not insert or delete"),
+        ({"key": "cart", "op": ["delete"]}, "op is not insert or delete"),
+        ({"key": "buy", "value": True}, "value is not a number"),
+        ({"key": "buy", "value": 3, "ts": False}, "ts is not a number or string"),
+        ({"key": "buy", "value": 3, "ts": None, "op": "insert"}, None),
     ],
 )
 def test_statistics_reject_events_they_cannot_use(event, reason):
+    if reason is None:  # null where null means absent: accepted
+        assert parse_event({"user_id": "u", **event}, _valued_limits()).value == 3.0
+        return
     with pytest.raises(BadRecord) as info:
         parse_event({"user_id": "u", **event}, _valued_limits())
     assert str(info.value) == reason
