@@ -28,6 +28,8 @@ running until the harness stops it.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import os
 import sys
 import tempfile
 import time
@@ -93,12 +95,17 @@ def build_app(
                 topic, key=orjson.dumps(key), value=orjson.dumps(value), partition=partition
             )
 
+    profile_to = os.environ.get("NAIVE_CPROFILE")  # a stats file: cProfile the main thread
+    prof = cProfile.Profile() if profile_to else None
+
     @app.agent(topic, name="naive")
     async def count(stream):
         async for event in stream.events():
             if state["first"] is None:
                 state["first"] = time.perf_counter()
                 state["cpu0"] = time.process_time()
+                if prof is not None:
+                    prof.enable()
             kind = header_kind(event.message.headers)
             if kind == TICK:
                 continue
@@ -123,6 +130,9 @@ def build_app(
                         table[key] = value
             if state["events"] >= expect and not state["done"]:
                 state["done"] = True
+                if prof is not None:
+                    prof.disable()
+                    prof.dump_stats(profile_to)
                 out = {
                     "events": state["events"],
                     "records": state["records"],

@@ -344,8 +344,13 @@ def run_ceiling(client: str, bootstrap: str, ds: Dataset) -> dict:
     return res
 
 
-def run_naive(bootstrap: str, ds: Dataset, workdir: Path, tables: str = "none") -> dict:
+def run_naive(
+    bootstrap: str, ds: Dataset, workdir: Path, tables: str = "none", cprofile: Path | None = None
+) -> dict:
+    """``cprofile``: also write a cProfile of the agent's main thread (first record to last
+    event) there (``NAIVE_CPROFILE``, bench/naive_agent.py)."""
     result = workdir / f"naive-{uuid.uuid4().hex[:8]}.json"
+    env = {**os.environ, **({"NAIVE_CPROFILE": str(cprofile)} if cprofile else {})}
     logf = result.with_suffix(".log")
     cmd = [sys.executable, "-m", "bench.naive_agent", "--bootstrap", bootstrap]
     cmd += ["--topic", ds.topic, "--partitions", str(ds.partitions)]
@@ -353,7 +358,7 @@ def run_naive(bootstrap: str, ds: Dataset, workdir: Path, tables: str = "none") 
     cmd += ["--loglevel", WORKER["loglevel"], "--tables", tables]
     with open(logf, "wb") as fh:
         proc = subprocess.Popen(  # noqa: S603 - fixed argument list
-            cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT
+            cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env
         )
     try:
         deadline = time.monotonic() + 900
@@ -1046,6 +1051,15 @@ def profile_section(res: Results) -> str:
         else:
             parts.append(f"{head})\n")
             parts.append(pyspy_summary.cprofile_tables(p["path"], p["events"], p["records"]) + "\n")
+            if p.get("naive_path") and Path(p["naive_path"]).exists():
+                parts.append(
+                    "What the pipeline's main thread spends per input record beyond the naive "
+                    "Faust agent's (the agent under cProfile too, over the same topic): the "
+                    "functions whose self time differs most, and the total.\n"
+                )
+                parts.append(
+                    pyspy_summary.cprofile_diff(p["path"], p["naive_path"], p["records"]) + "\n"
+                )
     return "\n".join(parts)
 
 
@@ -1467,11 +1481,16 @@ def main(argv: list[str] | None = None) -> int:
                             profile=(tool, path),
                             profile_rate=args.profile_rate,
                         )
+                        naive = None
+                        if tool == "cprofile":  # the same for the naive agent, to diff
+                            naive = args.workdir / f"profile-cprofile-naive-{batch}.pstats"
+                            run_naive(bootstrap, ds, args.workdir, cprofile=naive)
                         res.profiles.append(
                             {
                                 "tool": tool,
                                 "batch": batch,
                                 "path": str(path),
+                                "naive_path": str(naive) if naive else None,
                                 "events": ds.events,
                                 "records": ds.records,
                                 "rate": ds.events / r["seconds"],
