@@ -992,6 +992,41 @@ def targets_section(res: Results) -> str:
     return "\n".join(rows)
 
 
+def ceiling_budget(res: Results) -> str:
+    """What 50% of the ceiling leaves per event, against what Faust and stage 1 take."""
+    m, lines, budgets, over = res.micro, [], [], []
+    for b in [b for b in res.datasets if b > 1]:
+        ceiling = median(1e6 / r["rate"] for r in res.rows(b, "aiokafka"))
+        naive = median(1e6 / r["rate"] for r in res.rows(b, "faust-naive"))
+        pipe = median(1e6 / r["rate"] for r in res.rows(b, "dpstream"))
+        if any(math.isnan(x) for x in (ceiling, naive, pipe)):
+            continue
+        budgets.append(2 * ceiling)
+        if naive > 2 * ceiling:
+            over.append(shape_name(b))
+        lines.append(
+            f"| {shape_name(b)} | {ceiling:.2f} µs | {2 * ceiling:.2f} µs | {naive:.2f} µs "
+            f"| {pipe:.2f} µs |"
+        )
+    if not lines or not m:
+        return ""
+    own = m["decode_us"] + m["route_us"] + m["add_us"]
+    faust = (
+        f" The naive Faust agent alone is over the budget for {', '.join(over)}." if over else ""
+    )
+    return (
+        "What the 50% target leaves per event (time per event = 1 / events/s, medians):\n\n"
+        "| input | aiokafka ceiling | budget at 50% | naive Faust agent | pipeline |\n"
+        "|---|---:|---:|---:|---:|\n" + "\n".join(lines) + "\n\n"
+        f"Stage 1's own Python, without Kafka or Faust, takes {own:.2f} µs per event "
+        f"(envelopes of {m['batch']}, below): validation, the routing check and the "
+        "per-user truncation, one dict entry per user per record; "
+        f"{own / max(budgets):.0f} times the largest budget.{faust} The target needs "
+        "stage 1's per-event and per-user work out of Python (a compiled or vectorised "
+        "contribution counter over columnar envelopes), not tuning."
+    )
+
+
 def runs_table(res: Results) -> str:
     lines = [
         "| run | input | contender | events/s | seconds | CPU s | CPU share | extra |",
@@ -1163,6 +1198,8 @@ process. Per-run numbers are at the end.
 ## Targets
 
 {targets_section(res)}
+
+{ceiling_budget(res)}
 
 ## Release latency
 
