@@ -270,10 +270,10 @@ class Stage1:
         * re-counts a user whose entry missed it (else the user could exceed tau), and
         * re-adds the contribution of a user whose entry has it but whose units the
           partition's pending sums lost (else the count would lose them).
-        pipeline/app.py keeps both kinds of entry in one changelog partition, in write
-        order, so a crash loses a suffix of the writes; pipeline/changelog.py batches the
-        writes so that still only the LAST record's entries of a user can be ahead of the
-        partition state, which is what this handles.
+        pipeline/app.py keeps both kinds of entry in one changelog partition and
+        pipeline/changelog.py sends them in windows that Kafka keeps whole or not at all,
+        so a crash keeps the table as it stood at some moment: only the LAST record's user
+        entries can be ahead of the partition state, which is what this handles.
 
         A ``UserStatistic`` keeps its user's state in the entry ("state") and what the
         record did to the partition's state ("redo"), re-applied in the same case.
@@ -287,7 +287,7 @@ class Stage1:
                 by_user[event.user_id] = [event]
             else:
                 group.append(event)
-        # One table write per user per record: each write is a changelog message.
+        # One table write per user per record (one changelog entry per user per window).
         for user_id, user_events in by_user.items():
             stored = users.get(user_id)
             if stored is not None and stored["offset"] >= offset:
