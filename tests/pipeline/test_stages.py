@@ -591,9 +591,7 @@ def _per_event_add_events(stage1, pstate, users, events, offset) -> None:
 def test_stage1_per_user_sums_equal_the_per_event_definition(stats):
     """Exact equality of every user entry and pending sum over random records (heavy and
     light users, keys, deletions, values 1..5) with the event-at-a-time definition."""
-    named = [
-        {"name": f"s{i}", "epsilon": 1, "practical": False, **s} for i, s in enumerate(stats)
-    ]
+    named = [{"name": f"s{i}", "epsilon": 1, "practical": False, **s} for i, s in enumerate(stats)]
     cfg = parse_config(
         {
             "input": {"partitions": 1},
