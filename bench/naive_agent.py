@@ -157,18 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tables", choices=["none", "faust", "batched", "direct"], default="none", help="above"
     )
-    parser.add_argument(
-        "--fast-delivery",
-        action="store_true",
-        help="with the worker's pipeline/faust_fixes.deliver_without_a_task_per_record",
-    )
     args = parser.parse_args(argv)
     import faust
-
-    if args.fast_delivery:
-        from dpstream.pipeline.faust_fixes import deliver_without_a_task_per_record
-
-        deliver_without_a_task_per_record()
 
     app = build_app(
         args.bootstrap, args.topic, args.partitions, args.expect, args.result, args.tables

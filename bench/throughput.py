@@ -74,7 +74,6 @@ CONTENDERS = (
     "aiokafka",
     "confluent",
     "faust-naive",
-    "faust-naive-fast",
     "faust-tables",
     "faust-batched",
     "faust-direct",
@@ -85,7 +84,6 @@ LABELS = {
     "aiokafka": "aiokafka consumer + orjson (ceiling)",
     "confluent": "confluent-kafka consumer + orjson",
     "faust-naive": "naive Faust agent (parse + count)",
-    "faust-naive-fast": "naive agent with dpstream's Faust delivery fix",
     "faust-tables": "naive agent + stage 1's table writes, no DP",
     "faust-batched": "same writes, changelog sent as 1 batch per record",
     "faust-direct": "same writes, changelog sent by aiokafka's send()",
@@ -347,12 +345,7 @@ def run_ceiling(client: str, bootstrap: str, ds: Dataset) -> dict:
 
 
 def run_naive(
-    bootstrap: str,
-    ds: Dataset,
-    workdir: Path,
-    tables: str = "none",
-    cprofile: Path | None = None,
-    fast_delivery: bool = False,
+    bootstrap: str, ds: Dataset, workdir: Path, tables: str = "none", cprofile: Path | None = None
 ) -> dict:
     """``cprofile``: also write a cProfile of the agent's main thread (first record to last
     event) there (``NAIVE_CPROFILE``, bench/naive_agent.py)."""
@@ -363,7 +356,6 @@ def run_naive(
     cmd += ["--topic", ds.topic, "--partitions", str(ds.partitions)]
     cmd += ["--expect", str(ds.events), "--result", str(result)]
     cmd += ["--loglevel", WORKER["loglevel"], "--tables", tables]
-    cmd += ["--fast-delivery"] if fast_delivery else []
     with open(logf, "wb") as fh:
         proc = subprocess.Popen(  # noqa: S603 - fixed argument list
             cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env
@@ -980,13 +972,6 @@ def targets_section(res: Results) -> str:
                 "| single-event records: DP work adds <= 20% over the naive Faust agent "
                 f"(time per event) | +{100 * extra:.0f}% | {'yes' if extra <= 0.2 else 'no'} |"
             )
-        fair = res.ratio(1, "dpstream", "faust-naive-fast")
-        if fair:
-            rows.append(
-                "| (context) single-event records: the pipeline over the naive agent with the "
-                "same Faust delivery fix (pipeline/faust_fixes.py), i.e. what dpstream's own "
-                f"work adds | +{100 * (1 / median(fair) - 1):.0f}% | - |"
-            )
     for r in res.latency:
         ok = r["kept_up"] and r["p99"] < 2 * args.tick
         rows.append(
@@ -1275,10 +1260,7 @@ objects above plus the dict slot) + per statistic its stage-2 state (O(log t) in
   each), and **changelog by aiokafka's send()** (each entry sent with the underlying
   aiokafka producer's `send`, which still batches across records). They split the
   pipeline's cost into "Faust", "state writes" and "DP logic", and measure two ways to
-  make the writes cheap. **With dpstream's Faust delivery fix**: the same naive agent with
-  `pipeline/faust_fixes.deliver_without_a_task_per_record` installed, as the worker has it
-  (Faust's consumer no longer makes four tasks per record), so that the pipeline against
-  it is what dpstream's own work costs.
+  make the writes cheap.
 * **Pipeline**: a real `dpstream worker` (`worker_support.spawn_worker`, log level
   `{a.worker_loglevel}`). Time = from the
   first stage-1 report of tick T0 on the stage-2 topic (the worker has started consuming)
@@ -1464,13 +1446,7 @@ def main(argv: list[str] | None = None) -> int:
                             "faust-batched": "batched",
                             "faust-direct": "direct",
                         }
-                        r = run_naive(
-                            bootstrap,
-                            ds,
-                            args.workdir,
-                            tables.get(contender, "none"),
-                            fast_delivery=contender == "faust-naive-fast",
-                        )
+                        r = run_naive(bootstrap, ds, args.workdir, tables.get(contender, "none"))
                     else:
                         r = run_pipeline(bootstrap, base, ds, args.workdir, args.tick, env)
                     r.update(run=run, batch=batch, contender=contender)

@@ -22,7 +22,7 @@ from dpstream.operators.noise import NoiseSource
 
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
-from .faust_fixes import deliver_without_a_task_per_record, seek_uncommitted_to_beginning
+from .faust_fixes import seek_uncommitted_to_beginning
 from .kafka_security import faust_credentials
 from .records import (
     HEADER,
@@ -72,7 +72,6 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     """Build the worker's Faust app for one pipeline definition."""
     partitions = cfg.input.partitions
     seek_uncommitted_to_beginning({cfg.input.topic, cfg.stage2_topic})
-    deliver_without_a_task_per_record()
     app = faust.App(
         cfg.app_id,
         broker=broker_urls(bootstrap),
