@@ -169,14 +169,7 @@ class _Counted:
         """
         if self.kind not in ("count", "sum"):
             for event in events:
-                stream = self.stream(event)
-                if stream is None:
-                    continue
-                slot = self.name if stream == "+" else f"{self.name}/-"
-                units, weights = self.contribution(stream, used.get(slot, 0), event)
-                used[slot] = used.get(slot, 0) + units
-                if weights:  # never holds zeros
-                    _add(kept.setdefault(self.name, {}), weights)
+                self.add_event(event, used, kept)
             return
         plus = minus = 0
         for event in events:
@@ -198,6 +191,17 @@ class _Counted:
             before = used.get(slot, 0)
             used[slot] = before + minus
             self._add_ranks("-", before, minus, kept)
+
+    def add_event(self, event: Event, used: dict[str, int], kept: dict[str, dict]) -> None:
+        """``add`` for one event, by its definition (``contribution``)."""
+        stream = self.stream(event)
+        if stream is None:
+            return
+        slot = self.name if stream == "+" else f"{self.name}/-"
+        units, weights = self.contribution(stream, used.get(slot, 0), event)
+        used[slot] = used.get(slot, 0) + units
+        if weights:  # never holds zeros
+            _add(kept.setdefault(self.name, {}), weights)
 
     def _add_ranks(self, stream: str, before: int, units: int, kept: dict[str, dict]) -> None:
         # user_level.crossed_powers and band_units (column 0), inlined: per user per record.

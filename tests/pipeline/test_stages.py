@@ -554,7 +554,7 @@ def test_a_window_keeps_the_latest_value_per_key_and_seals_at_its_size():
 
 def _per_event_add_events(stage1, pstate, users, events, offset) -> None:
     """Stage1.add_events as first written, one event at a time through
-    ``_Counted.contribution`` (the per-user closed forms must equal it)."""
+    ``_Counted.add_event`` (the per-user closed forms must equal it)."""
     by_user: dict[str, list] = {}
     for event in events:
         by_user.setdefault(event.user_id, []).append(event)
@@ -563,15 +563,7 @@ def _per_event_add_events(stage1, pstate, users, events, offset) -> None:
         used, kept_now = dict(stored["used"]), {}
         for event in user_events:
             for stat in stage1._stats:
-                stream = stat.stream(event)
-                if stream is None:
-                    continue
-                slot = stat.name if stream == "+" else f"{stat.name}/-"
-                units, weights = stat.contribution(stream, used.get(slot, 0), event)
-                used[slot] = used.get(slot, 0) + units
-                for k, v in weights.items():
-                    into = kept_now.setdefault(stat.name, {})
-                    into[k] = into.get(k, 0) + v
+                stat.add_event(event, used, kept_now)
         for name, weights in kept_now.items():
             for k, v in weights.items():
                 into = pstate["pending"].setdefault(name, {})
