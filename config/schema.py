@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dpstream.operators.errors import DpStreamError
 
 if TYPE_CHECKING:
+    from dpstream.operators.accounting import PrivacyStatement, StatisticTerms
     from dpstream.operators.cell_accountant import CellAccountantSpec
     from dpstream.operators.cell_mean import CellMeanSpec
 
@@ -362,8 +363,17 @@ class CellConfig(_Model):
 
 
 _NOT_FOR_USER_STATE = (
-    "tau", "beta", "theta", "practical", "practical_instances", "deletions", "mechanism",
-    "k", "lam", "delay", "horizon_ticks",
+    "tau",
+    "beta",
+    "theta",
+    "practical",
+    "practical_instances",
+    "deletions",
+    "mechanism",
+    "k",
+    "lam",
+    "delay",
+    "horizon_ticks",
 )
 
 
@@ -441,12 +451,14 @@ class StatisticConfig(_Model):
         kind = self.kind
         if (kind == "mean") != (self.mean is not None):
             raise ValueError(
-                "mean: required for kind mean" if kind == "mean"
+                "mean: required for kind mean"
+                if kind == "mean"
                 else f"mean: only applies to kind mean, not {kind}"
             )
         if (kind == "cell_mean") != (self.cells is not None):
             raise ValueError(
-                "cells: required for kind cell_mean" if kind == "cell_mean"
+                "cells: required for kind cell_mean"
+                if kind == "cell_mean"
                 else f"cells: only applies to kind cell_mean, not {kind}"
             )
         if self.cells is not None:
@@ -510,37 +522,38 @@ class StatisticConfig(_Model):
             raise ValueError("horizon_ticks: required for mechanism auto")
         return self
 
-    def budget_cost(self) -> float:
-        """What one user's data can lose through this statistic, for the budget check.
-
-        A tree counter spends ``epsilon`` over its whole infinite stream. An expiring one
-        (spec 004) protects an item of age d with epsilon * g(d), which grows with d: it
-        is charged at the declared ``horizon_ticks`` (the ledger records the whole curve).
-
-        A per-cell mean (``cell_mean``) is charged its epoch cap B: what one user can lose
-        through it in ONE accounting epoch (spec 003 section 5.1). Its loss grows by up
-        to B per epoch, so with a cell_mean in the pipeline ``total_epsilon`` bounds what
-        a user loses within any one epoch (every other statistic's whole-stream loss
-        included), not over the whole stream (docs/design.md section 12).
-        """
-        if self.cells is not None:
-            return self.cells.epoch_cap
-        if self.mechanism != "expiring":
-            return self.epsilon
+    def terms(self) -> StatisticTerms:
+        """What the accountant (``operators.accounting``) needs to charge this statistic."""
         from fractions import Fraction
 
-        from dpstream.operators import expiring_tree
+        from dpstream.operators.accounting import StatisticTerms
 
-        spec = expiring_tree.make_expiring_tree(
-            Fraction(repr(self.epsilon)), 1, (self.name, 0), Fraction(repr(self.lam)), self.delay
+        def exact(x: float) -> Fraction:
+            return Fraction(repr(x))  # the decimal the user wrote: 0.1 is 1/10
+
+        cells = self.cells
+        return StatisticTerms(
+            name=self.name,
+            kind=self.kind,
+            epsilon=exact(self.epsilon),
+            mechanism=self.mechanism,
+            lam=None if self.lam is None else exact(self.lam),
+            delay=self.delay,
+            horizon_ticks=self.horizon_ticks,
+            epoch_cap=None if cells is None else exact(cells.epoch_cap),
+            counts_public=cells is not None and cells.counts_public,
         )
-        return expiring_tree.privacy_loss(spec, self.horizon_ticks)
 
 
 class PrivacyConfig(_Model):
-    # What one user may lose across all statistics of this pipeline (basic composition).
+    # What one user may lose across all statistics of this pipeline (basic composition,
+    # operators.accounting).
     total_epsilon: float = Field(gt=0)
     neighbours: Neighbours = Neighbours.whole_user
+    # True: who sent how many events when is public and only values are protected (the
+    # continual mean, per-cell means with counts_public). Such a pipeline holds only
+    # statistics of that relation, and every release says so (docs/security.md).
+    public_counts: bool = False
 
 
 class PipelineConfig(_Model):
@@ -557,18 +570,49 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:
+        from dpstream.operators.accounting import StatementError
+
         names = [s.name for s in self.statistics]
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise ValueError(f"statistics[{i}].name: duplicate statistic name {name!r}")
-        spent = sum(s.budget_cost() for s in self.statistics)
-        # Exact comparison in decimal terms: 0.1 + 0.2 must not exceed a budget of 0.3.
-        if round(spent, 12) > round(self.privacy.total_epsilon, 12):
-            raise ValueError(
-                f"privacy.total_epsilon: statistics spend {spent:g} in total, "
-                f"more than total_epsilon={self.privacy.total_epsilon:g}"
-            )
+        try:
+            self.privacy_statement()
+        except StatementError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
+        """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
+        statistics this app id ran before and no longer runs."""
+        from fractions import Fraction
+
+        from dpstream.operators import accounting
+
+        return accounting.statement(
+            self.app_id,
+            [s.terms() for s in self.statistics],
+            self.privacy.neighbours.value,
+            self.privacy.public_counts,
+            Fraction(repr(self.privacy.total_epsilon)),
+            retired,
+        )
+
+    def statistic_parameters(self, stat: StatisticConfig) -> dict[str, object]:
+        """Everything that shapes ``stat``'s noise or sensitivity: its whole definition,
+        the pipeline's relation and the tick length (steps count ticks); for a mean, the
+        partitions too (its user cap is split over them; other kinds are the same for
+        any partition count). Its fingerprint is its identity."""
+        out: dict[str, object] = {
+            "app_id": self.app_id,
+            "statistic": stat.model_dump(mode="json", by_alias=True),
+            "neighbours": self.privacy.neighbours.value,
+            "public_counts": self.privacy.public_counts,
+            "interval_seconds": self.ticks.interval_seconds,
+        }
+        if stat.kind == "mean":
+            out["partitions"] = self.input.partitions
+        return out
 
     def release_topic(self, statistic: str) -> str:
         return f"{self.outputs.release_topic_prefix}{statistic}"

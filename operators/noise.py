@@ -319,6 +319,45 @@ class KeyedNoise:
         return "KeyedNoise(key=<redacted>)"
 
 
+class ScopedNoise:
+    """The noise of one statistic: every node is drawn under the statistic's identity.
+
+    A node id says where in a statistic's tree a noise sits, not whose statistic it is;
+    the scope (pipeline, statistic, parameter fingerprint, start tick) does. Prefixing it
+    makes the draws of two pipelines, two parameter sets or two starts of a statistic
+    independent under one key, while a replay or a restart of the same statistic
+    re-derives the same values.
+    """
+
+    __slots__ = ("_inner", "_scope")
+
+    def __init__(self, inner: NoiseSource, scope: NodeId) -> None:
+        """Scope ``inner``.
+
+        Args:
+            inner: the source that draws the values.
+            scope: the statistic's identity, e.g. (app id, name, fingerprint, start tick).
+        """
+        node_bytes(scope)
+        self._inner = inner
+        self._scope = tuple(scope)
+
+    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
+        """The inner source's noise of ``scope + node``.
+
+        Args:
+            node: the node within the statistic.
+            scale: b > 0.
+
+        Returns:
+            The noise.
+        """
+        return self._inner.discrete_laplace((*self._scope, *node), scale)
+
+    def __repr__(self) -> str:
+        return f"ScopedNoise({self._inner!r}, {self._scope!r})"
+
+
 class SeededNoise:
     """Test source: sequential draws from a local PCG64 generator; the node is ignored."""
 

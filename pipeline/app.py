@@ -35,7 +35,7 @@ from .records import (
     header_kind,
     owned_by,
 )
-from .stages import Report, Stage1, Stage2, users_of_partition
+from .stages import Report, Stage1, Stage2, StatisticChanged, users_of_partition
 from .worker_support import limits_for
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,13 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             for at, _, earlier, _ in missing:
                 await handle_report(partition, at, earlier, in_gap=True)
             sstate = stage2_state.get(report.statistic) or sstate
-        releases, ledger = stage2.on_report(sstate, report)
+        try:
+            releases, ledger = stage2.on_report(sstate, report)
+        except StatisticChanged as exc:
+            # Going on would draw new noise for nodes the old parameters released.
+            log.error("%s; stopping", exc)
+            await app.crash(exc)
+            raise
         key = report.statistic.encode()
         sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
         for release in releases:

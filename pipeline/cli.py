@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from dpstream.config.schema import ConfigError, PipelineConfig, load_config
+from dpstream.config.schema import ConfigError, PipelineConfig, StatisticConfig, load_config
 from dpstream.operators.errors import DpStreamError
 
 log = logging.getLogger("dpstream")
@@ -58,57 +58,47 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.file)
+    statement = cfg.privacy_statement()
     print(f"{args.file}: OK")
     print(
         f"  input {cfg.input.topic} ({cfg.input.partitions} partitions), "
         f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
     )
-    spent = 0.0
     for s in cfg.statistics:
-        spent += s.budget_cost()
-        params = "".join(
-            f", {name}={value}"
-            for name, value in (
-                ("k", s.k),
-                ("lambda", s.lam),
-                ("horizon_ticks", s.horizon_ticks),
-                ("key", s.key),
-            )
-            if value is not None
-        )
-        if s.cells is not None:
-            c = s.cells
-            mode = "public counts" if c.counts_public else "strict"
-            print(
-                f"  {s.name}: cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per "
-                f"cell, cells by {c.field!r} x {c.slot_ticks}-tick slots, epoch_cap="
-                f"{c.epoch_cap:g} per {c.epoch_slots} slots -> {cfg.release_topic(s.name)}"
-            )
-            continue
-        if s.mean is not None:
-            m = s.mean
-            print(
-                f"  {s.name}: continual mean (spec 000 Alg. 6) of values in "
-                f"[{m.lower:g}, {m.upper:g}], epsilon={s.epsilon:g}, at most {m.max_users} "
-                f"users x {m.max_samples_per_user} samples{params} -> "
-                f"{cfg.release_topic(s.name)}"
-            )
-            continue
-        print(
-            f"  {s.name}: {s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}"
-            f"{params} -> {cfg.release_topic(s.name)}"
-        )
-        if s.mechanism == "expiring":
-            print(
-                f"    an item {s.horizon_ticks} ticks old has lost {s.budget_cost():g}; "
-                "older items lose more (the ledger records the curve)"
-            )
-    per_epoch = " per accounting epoch" if any(s.cells for s in cfg.statistics) else ""
-    print(
-        f"  per-user loss across statistics: {spent:g}{per_epoch} of total_epsilon="
-        f"{cfg.privacy.total_epsilon:g} ({cfg.privacy.neighbours.value} neighbours)"
-    )
+        print(f"  {s.name}: {_describe(s)} -> {cfg.release_topic(s.name)}")
+    for line in statement.describe():
+        print(f"  {line}")
     return 0
+
+
+def _describe(s: StatisticConfig) -> str:
+    """What a statistic computes, in one line (its cost is the statement's)."""
+    if s.cells is not None:
+        c = s.cells
+        mode = "public counts" if c.counts_public else "strict"
+        return (
+            f"cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per cell, cells by "
+            f"{c.field!r} x {c.slot_ticks}-tick slots, epoch_cap={c.epoch_cap:g} per "
+            f"{c.epoch_slots} slots"
+        )
+    if s.mean is not None:
+        m = s.mean
+        return (
+            f"continual mean (George et al., Alg. 6) of values in [{m.lower:g}, {m.upper:g}], "
+            f"epsilon={s.epsilon:g}, at most {m.max_users} users x {m.max_samples_per_user} "
+            "samples"
+        )
+    params = "".join(
+        f", {name}={value}"
+        for name, value in (
+            ("k", s.k),
+            ("lambda", s.lam),
+            ("horizon_ticks", s.horizon_ticks),
+            ("key", s.key),
+        )
+        if value is not None
+    )
+    return f"{s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}{params}"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -121,11 +111,14 @@ def run_worker(cfg: PipelineConfig, bootstrap: str, loglevel: str = "info") -> N
     import faust
 
     from .app import create_app
+    from .ledger import record_statement
     from .topics import ensure_topics
     from .worker_support import load_noise
 
     noise = load_noise(cfg)  # before anything else: no key, no start
     ensure_topics(cfg, bootstrap)
+    # Refuses a statistic changed under its name; the statement goes to the ledger.
+    record_statement(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     app = create_app(cfg, bootstrap, noise, datadir)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)

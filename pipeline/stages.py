@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import truncation, user_level
-from dpstream.operators.noise import CachedNoise, NoiseSource
+from dpstream.operators import accounting, truncation, user_level
+from dpstream.operators.errors import DpStreamError
+from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 
 from .mechanisms import (
     Counter,
@@ -33,7 +34,12 @@ from .records import Event, partition_for
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+class StatisticChanged(DpStreamError):
+    """Stage 2 found a statistic's state made under other parameters: continuing would
+    re-draw noise it has released (the worker stops)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,14 +417,47 @@ class Stage2:
         self._partitions = partitions
         self._stats = {s.name: s for s in cfg.statistics}
         self._counters = {s.name: self._counter_for(s) for s in cfg.statistics}
+        self._params = {s.name: cfg.statistic_parameters(s) for s in cfg.statistics}
+        self._fingerprints = {
+            name: accounting.fingerprint(params) for name, params in self._params.items()
+        }
+        statement = cfg.privacy_statement()
+        self._charges = {c.statistic: c for c in statement.charges}
 
     def _counter_for(self, stat: StatisticConfig) -> Counter | UserLevelCounter | UserStatistic:
         if stat.user_state:
             return user_statistic_for(stat, self._cfg)
-        any_subset = self._cfg.privacy.neighbours is Neighbours.any_subset
+        relation = self._cfg.privacy.neighbours.value
         if stat.user_level:
-            return user_level_counter_for(stat, any_subset)
-        return counter_for(stat, (2 if any_subset else 1) * stat.fixed_tau)
+            return user_level_counter_for(stat, relation == Neighbours.any_subset)
+        return counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
+
+    def fingerprint(self, name: str) -> str:
+        """The statistic's identity: the fingerprint of its parameters."""
+        return self._fingerprints[name]
+
+    def _check_identity(self, sstate: dict, name: str) -> None:
+        identity = sstate.get("identity")
+        if identity is None:
+            if sstate["last_closed"] is not None:
+                raise StatisticChanged(
+                    f"statistic {name}: its state has released ticks but no identity (made "
+                    "by an older dpstream); its noise cannot be re-derived: run it under a "
+                    "new app_id or name"
+                )
+            return
+        if identity["fingerprint"] != self._fingerprints[name]:
+            changed = accounting.changed_fields(identity.get("parameters", {}), self._params[name])
+            raise StatisticChanged(
+                f"statistic {name}: its state was made with other parameters "
+                f"({', '.join(changed) or 'fingerprint'} changed); a changed statistic is a "
+                "new statistic: give it a new name"
+            )
+
+    def _noise_of(self, sstate: dict, name: str) -> NoiseSource:
+        identity = sstate["identity"]
+        scope = (self._cfg.app_id, name, identity["fingerprint"], identity["start_tick"])
+        return ScopedNoise(self._noise, scope)
 
     @staticmethod
     def new_state() -> dict:
@@ -428,10 +467,12 @@ class Stage2:
             "pending": {},  # tick -> summed weight of the partitions that reported it
             "last_closed": None,
             "tree": None,  # the mechanism's state, once the first tick closes
+            "identity": None,  # fingerprint, parameters and start tick, at the first close
         }
 
     def on_report(self, sstate: dict, report: Report) -> tuple[list[dict], list[dict]]:
         """Absorb one report; return (releases, ledger entries) for every tick it closes."""
+        self._check_identity(sstate, report.statistic)
         part = str(report.partition)
         last = sstate["reported"].get(part)
         if last is not None and report.tick <= last:
@@ -455,6 +496,11 @@ class Stage2:
         releases, ledger = [], []
         for tick in range(start, upto + 1):
             if sstate["last_closed"] is None:
+                sstate["identity"] = {
+                    "fingerprint": self._fingerprints[report.statistic],
+                    "parameters": self._params[report.statistic],
+                    "start_tick": tick,
+                }
                 ledger.append(self._ledger_entry(report.statistic, tick))
             weights = sstate["pending"].pop(str(tick), {})
             sstate["last_closed"] = tick
@@ -499,7 +545,7 @@ class Stage2:
             "statistic": name,
             "tick": tick,
             "event": "exhausted",
-            "epsilon_spent": stat.budget_cost(),
+            "epsilon_spent": float(self._charges[name].epsilon),
             "horizon_ticks": stat.horizon_ticks,
             "total_epsilon": self._cfg.privacy.total_epsilon,
         }
@@ -510,13 +556,14 @@ class Stage2:
         """One closed tick: (releases, ledger entries). ``pending`` is the tick's summed
         weights, or a UserStatistic's merged payload (None or {} when nothing came)."""
         counter, stat = self._counters[name], self._stats[name]
+        noise = self._noise_of(sstate, name)
         if isinstance(counter, UserLevelCounter):
-            sstate["tree"], fields, spent = counter.step(sstate["tree"], pending, self._noise)
+            sstate["tree"], fields, spent = counter.step(sstate["tree"], pending, noise)
             entries = [] if spent is None else [self._spent_entry(stat, tick, fields, spent)]
             return [self._release_record(stat, tick, fields)], entries
         if not isinstance(counter, Counter):
             sstate["tree"], out, entries = counter.step(
-                sstate["tree"], pending or None, tick, self._noise
+                sstate["tree"], pending or None, tick, noise
             )
             common = {"schema_version": SCHEMA_VERSION, "statistic": name, "tick": tick}
             total = {"total_epsilon": self._cfg.privacy.total_epsilon}
@@ -524,7 +571,7 @@ class Stage2:
                 [self._release_record(stat, tick, fields) for fields in out],
                 [{**common, **entry, **total} for entry in entries],
             )
-        sstate["tree"], rel = counter.step(sstate["tree"], pending.get("w", 0), self._noise)
+        sstate["tree"], rel = counter.step(sstate["tree"], pending.get("w", 0), noise)
         fields = {
             "step": rel.t,
             "value": rel.value,
@@ -552,6 +599,8 @@ class Stage2:
             "neighbours": self._neighbours(stat.name),
             "mechanism": self._counters[stat.name].mechanism,
         }
+        if self._cfg.privacy.public_counts:
+            record["public_counts"] = True  # the statement: counts are not protected
         if self._cfg.noise.mode.value != "keyed":
             record["insecure"] = self._cfg.noise.mode.value
         return record
@@ -590,6 +639,9 @@ class Stage2:
             "neighbours": self._neighbours(name),
             "note": "whole infinite stream (parallel composition over periods)",
             "total_epsilon": self._cfg.privacy.total_epsilon,
+            "charged": float(self._charges[name].epsilon),
+            "fingerprint": self._fingerprints[name],
+            "start_tick": tick,
         }
         if not isinstance(counter, Counter | UserLevelCounter):
             del entry["tau"]

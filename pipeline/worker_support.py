@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +17,11 @@ from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
 
 from .records import Limits, ValueRule
 
-MIN_KEY_BYTES = 16
+MIN_KEY_BYTES = 32
+KEY_FORM = (
+    "32 or more random bytes written as hex or base64, e.g. "
+    "python -c 'import secrets; print(secrets.token_hex(32))'"
+)
 
 
 def limits_for(cfg: PipelineConfig) -> Limits:
@@ -55,28 +62,64 @@ def load_noise(cfg: PipelineConfig) -> NoiseSource:
     """
     if cfg.noise.mode is NoiseMode.insecure_zero:
         return ZeroNoise()
-    material: bytes | None = None
     if cfg.noise.key_file is not None:
         try:
-            material = cfg.noise.key_file.read_bytes().strip()
+            text = cfg.noise.key_file.read_bytes()
         except OSError as exc:
             raise ConfigError(f"noise.key_file: cannot read key file: {exc.strerror}") from None
-        field = "noise.key_file"
+        key = noise_key(text, "noise.key_file")
     elif cfg.noise.key_env:
         value = os.environ.get(cfg.noise.key_env)
         if value is None:
             raise ConfigError(
                 f"noise.key_env: environment variable {cfg.noise.key_env} is not set "
-                "(set it, or noise.key_file, to at least 16 secret random bytes)"
+                f"(set it, or noise.key_file, to {KEY_FORM})"
             )
-        material = value.strip().encode()
-        field = "noise.key_env"
+        key = noise_key(value.encode(), "noise.key_env")
     else:
         raise ConfigError("noise: keyed mode needs noise.key_file or noise.key_env")
-    if len(material) < MIN_KEY_BYTES:
-        raise ConfigError(f"{field}: the noise key must be at least {MIN_KEY_BYTES} bytes")
-    # Fixed-length key for the keyed construction, whatever the material's length.
-    return KeyedNoise(hashlib.sha256(b"dpstream-noise-key\0" + material).digest())
+    # Fixed-length key for the keyed construction, domain-separated from other uses.
+    return KeyedNoise(hashlib.sha256(b"dpstream-noise-key\0" + key).digest())
+
+
+def noise_key(text: bytes, field: str) -> bytes:
+    """The key's bytes from its text form: hex (64+ digits) or base64 of 32+ bytes.
+
+    A password is not a key: the text must decode to at least 256 bits, and bytes with
+    fewer than 16 distinct values (a repeated pattern; 32 random bytes have fewer with
+    probability below 2^-60) are refused. The message names the field, never the key.
+    """
+    try:
+        compact = text.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{field}: the noise key must be text: {KEY_FORM}") from None
+    key = _decode_key(compact)
+    if key is None or len(key) < MIN_KEY_BYTES:
+        raise ConfigError(f"{field}: the noise key must be at least 256 bits: {KEY_FORM}")
+    if len(set(key)) < 16:
+        raise ConfigError(f"{field}: the noise key is not random (a repeated pattern): {KEY_FORM}")
+    return key
+
+
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_BASE64_URL = re.compile(r"[A-Za-z0-9_-]+={0,2}")
+
+
+def _decode_key(text: str) -> bytes | None:
+    """Hex first (a hex string is also valid base64), then base64, then URL-safe base64."""
+    if _HEX.fullmatch(text):
+        return bytes.fromhex(text)
+    bare = text.rstrip("=")
+    padded = bare + "=" * (-len(bare) % 4)
+    try:
+        if _BASE64.fullmatch(text):
+            return base64.b64decode(padded, validate=True)
+        if _BASE64_URL.fullmatch(text):
+            return base64.urlsafe_b64decode(padded)
+    except (binascii.Error, ValueError):
+        return None
+    return None
 
 
 def spawn_worker(

@@ -465,13 +465,21 @@ def check_common(run: dict, kills: int) -> dict[str, list[bytes]]:
     # The ledger: one entry per statistic (a re-sent copy identical), the configured epsilon.
     entries: dict[tuple[str, int], set[bytes]] = defaultdict(set)
     budget: dict[tuple[str, int], set[bytes]] = defaultdict(set)
+    statements: set[bytes] = set()
     for record in run["ledger"]:
         obj = orjson.loads(record)
+        if obj.get("event") == "statement":  # written by every worker start
+            statements.add(record)
+            continue
         if obj.get("event") == "budget":  # the accountant of a tau: auto statistic
             budget[obj["statistic"], obj["tick"]].add(record)
             continue
         entries[obj["statistic"], obj["instance"]].add(record)
     assert sorted(entries) == sorted((s.name, 0) for s in cfg.statistics)
+    # Restarts state the same statement again: one distinct record.
+    assert len(statements) == 1, statements
+    statement = orjson.loads(next(iter(statements)))
+    assert statement["per_user_total"] <= cfg.privacy.total_epsilon
     for (name, tick), copies in budget.items():
         assert len(copies) == 1, f"{name} tick {tick}: differing budget entries {copies}"
         entry = orjson.loads(next(iter(copies)))
@@ -490,7 +498,7 @@ def summary(run: dict) -> str:
 
 
 def test_worker_sigkill_restarts_keyed_releases_equal_replay(bootstrap, tmp_path):
-    key = np.random.default_rng(6).bytes(24).hex()
+    key = np.random.default_rng(6).bytes(32).hex()
     data = with_user_level(pipeline_config({"mode": "keyed", "key_env": KEY_ENV}))
     run = crash_run(bootstrap, tmp_path, data, {KEY_ENV: key}, 6)
     print(summary(run))
@@ -534,7 +542,7 @@ def test_worker_reconnects_after_a_broker_restart(tmp_path):
     mid-stream: the worker reconnects by itself, no tick is lost, the releases equal the
     replay of the exported log byte for byte and the ledger is intact."""
     rng = random.Random(7)
-    key = np.random.default_rng(7).bytes(24).hex()
+    key = np.random.default_rng(7).bytes(32).hex()
     env = {KEY_ENV: key, **FAST_REJOIN}
     data_dir = tmp_path / "kafka"
     kafka = LocalKafka.start(data_dir=data_dir)
@@ -795,7 +803,7 @@ def test_two_workers_one_dies_the_survivor_takes_over(bootstrap, tmp_path):
     fetched, cleared at the rebalance, and not fetched again): 17 to 87 users lost
     units in about half of the runs. Stage 1 now reads a hole directly (app.fill_gap)
     and seeks uncommitted partitions to their beginning (faust_fixes.py)."""
-    key = np.random.default_rng(9).bytes(24).hex()
+    key = np.random.default_rng(9).bytes(32).hex()
     env = {KEY_ENV: key, **FAST_REJOIN}
     data = unique_names(pipeline_config({"mode": "keyed", "key_env": KEY_ENV}))
     first = start_worker(bootstrap, tmp_path, data, env)

@@ -639,7 +639,7 @@ def run(request, bootstrap, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     if request.param == "keyed":
         key_file = directory / "noise.key"
-        key_file.write_text(np.random.default_rng(17).bytes(24).hex())
+        key_file.write_text(np.random.default_rng(17).bytes(32).hex())
         noise = {"mode": "keyed", "key_file": str(key_file)}
     else:
         noise = {"mode": "insecure_zero"}

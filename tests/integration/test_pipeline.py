@@ -274,7 +274,7 @@ def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
             assert rel["insecure"] == "insecure_zero"
             assert rel["interval"][0] < rel["value"] < rel["interval"][1]
-            assert rel["std"] > 0 and rel["schema_version"] == 1
+            assert rel["std"] > 0 and rel["schema_version"] == 2
             assert rel["epsilon"] == next(s.epsilon for s in cfg.statistics if s.name == name)
         # Truncation did bite: heavy users sent more than tau.
         true_total = sum(1 for x in zero_noise_run["log"] if b'"user_id"' in x)
@@ -301,8 +301,19 @@ def test_bad_records_land_in_the_dead_letter_topic_with_their_reason(zero_noise_
 
 
 def test_ledger_records_each_statistic_once(zero_noise_run):
-    ledger = {e["statistic"]: e for e in zero_noise_run["ledger"]}
+    ledger = {e["statistic"]: e for e in zero_noise_run["ledger"] if "statistic" in e}
     assert sorted(ledger) == ["clicks", "clicks_exp", "views", "views4"]
+    # The worker's statement at start: the accountant's composition of the four.
+    (statement,) = [e for e in zero_noise_run["ledger"] if e.get("event") == "statement"]
+    assert statement["relation"] == "whole_user" and statement["public_counts"] is False
+    assert [c["statistic"] for c in statement["statistics"]] == ["views", "clicks", "views4",
+                                                                 "clicks_exp"]  # fmt: skip
+    assert statement["per_user_total"] == pytest.approx(sum(
+        c["epsilon"] for c in statement["statistics"]))  # fmt: skip
+    assert all(
+        ledger[name]["fingerprint"] == statement["identities"][name]["fingerprint"]
+        for name in ledger
+    )
     assert [ledger[n]["mechanism"] for n in ("views", "clicks", "views4", "clicks_exp")] == [
         "binary_tree",
         "kary_tree_subtract",
@@ -318,7 +329,7 @@ def test_ledger_records_each_statistic_once(zero_noise_run):
 
 
 def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path):
-    key = np.random.default_rng(5).bytes(24).hex()
+    key = np.random.default_rng(5).bytes(32).hex()
     worker = worker_factory(
         pipeline_config({"mode": "keyed", "key_env": "DPSTREAM_TEST_KEY"}),
         env={"DPSTREAM_TEST_KEY": key},

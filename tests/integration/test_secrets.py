@@ -219,7 +219,7 @@ def test_without_a_key_the_worker_refuses_to_start(bootstrap, tmp_path):
     err = refuses(bootstrap, tmp_path, {"mode": "keyed"}, {})
     assert "config error: noise.key_env: environment variable DPSTREAM_NOISE_KEY is not set" in err
     err = refuses(bootstrap, tmp_path, {"mode": "keyed"}, {"DPSTREAM_NOISE_KEY": "short"})
-    assert "noise.key_env: the noise key must be at least 16 bytes" in err
+    assert "noise.key_env: the noise key must be at least 256 bits" in err
     missing = tmp_path / "no-such-key"
     err = refuses(bootstrap, tmp_path, {"mode": "keyed", "key_file": str(missing)}, {})
     assert "noise.key_file: cannot read key file" in err

@@ -68,7 +68,7 @@ def traffic(round_: int, rng: random.Random) -> list[dict]:
 def test_user_level_pipeline_equals_replay_while_tau_doubles(
     bootstrap, worker_factory, monkeypatch
 ):
-    key = np.random.default_rng(8).bytes(24).hex()
+    key = np.random.default_rng(8).bytes(32).hex()
     worker = worker_factory(user_level_config(), env={KEY_ENV: key})
     cfg = worker.cfg
     rd = readers(bootstrap, worker)

@@ -43,13 +43,13 @@ def cell_config(partitions: int = 1, total: float = 50.0, name: str = "speed", *
         "epoch_slots": 4,
         "epoch_cap": 10,
     }
+    cells = {**base, **cells}
     return {
         "input": {"partitions": partitions},
         "noise": {"mode": "insecure_zero"},
-        "privacy": {"total_epsilon": total},
-        "statistics": [
-            {"name": name, "kind": "cell_mean", "epsilon": 1.0, "cells": {**base, **cells}}
-        ],
+        # Public counts are a pipeline-wide statement (operators.accounting).
+        "privacy": {"total_epsilon": total, "public_counts": cells["counts_public"]},
+        "statistics": [{"name": name, "kind": "cell_mean", "epsilon": 1.0, "cells": cells}],
     }
 
 
@@ -475,4 +475,5 @@ def test_cells_section_belongs_to_cell_mean_only():
 
 def test_the_budget_check_charges_the_epoch_cap():
     cfg = parse_config(cell_config(total=4.0, epoch_cap=4))
-    assert cfg.statistics[0].budget_cost() == 4.0
+    charge = cfg.privacy_statement().charges[0]
+    assert charge.epsilon == 4 and charge.per_epoch and charge.exact_counts

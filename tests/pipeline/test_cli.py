@@ -36,7 +36,12 @@ def test_check_config_accepts_the_demo_and_prints_the_budget():
     demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
     out = run("check-config", str(demo))
     assert out.returncode == 0, out.stderr
-    assert "per-user loss across statistics: 3 of total_epsilon=3" in out.stdout
+    assert "privacy statement (whole_user neighbours):" in out.stdout
+    assert "events: 1 (whole_user; tree counter, whole infinite stream)" in out.stdout
+    assert (
+        "one user can lose at most 3 over the whole stream (basic composition) of "
+        "total_epsilon=3" in out.stdout
+    )
 
 
 def test_bad_config_stops_with_the_field_named(tmp_path):

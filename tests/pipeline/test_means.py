@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
+from dpstream.operators import accounting
 from dpstream.operators import continual_mean as cm
-from dpstream.operators.noise import KeyedNoise, ZeroNoise
+from dpstream.operators.noise import KeyedNoise, ScopedNoise, ZeroNoise
 from dpstream.pipeline.records import Event, partition_for
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Stage1, Stage2
@@ -27,7 +28,7 @@ def config(
         {
             "input": {"partitions": partitions},
             "noise": {"mode": mode},
-            "privacy": {"total_epsilon": epsilon + 1.0},
+            "privacy": {"total_epsilon": epsilon, "public_counts": True},
             "statistics": [
                 {
                     "name": "latency",
@@ -36,7 +37,6 @@ def config(
                     "key": "rtt",
                     "mean": {"max_users": 40, "max_samples_per_user": 16, **mean},
                 },
-                {"name": "events", "epsilon": 1.0, "tau": 4},
             ],
         }
     )
@@ -82,7 +82,10 @@ def simulated(cfg, ticks, noise) -> list[cm.MeanRelease]:
     sim = cm.Simulation(
         spec, partition_of=lambda u: partition_for(u, cfg.input.partitions), feedback=False
     )
-    return [sim.tick(tick, noise) for tick in ticks]
+    # The pipeline draws a statistic's noise under its identity (operators.accounting).
+    scope = (cfg.app_id, stat.name, accounting.fingerprint(cfg.statistic_parameters(stat)), 100)
+    scoped = ScopedNoise(noise, scope)
+    return [sim.tick(tick, scoped) for tick in ticks]
 
 
 def means(releases) -> list[dict]:

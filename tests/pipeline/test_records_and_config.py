@@ -309,9 +309,9 @@ def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="noise.key_env: environment variable DPSTREAM_TEST_KEY"):
         load_noise(cfg)
     monkeypatch.setenv("DPSTREAM_TEST_KEY", "short")
-    with pytest.raises(ConfigError, match="noise.key_env: the noise key must be at least 16"):
+    with pytest.raises(ConfigError, match="noise.key_env: the noise key must be at least 256"):
         load_noise(cfg)
-    secret = "0123456789abcdef-very-secret"
+    secret = "8f1c2a7e55d04b9e3a61c0ffee12ab34cd56ef7890a1b2c3d4e5f60718293a4b"
     monkeypatch.setenv("DPSTREAM_TEST_KEY", secret)
     assert secret not in repr(load_noise(cfg))
     key_file = tmp_path / "key"

@@ -437,7 +437,7 @@ def test_an_expiring_statistic_stops_when_its_lifetime_budget_is_spent(caplog):
     assert releases[-1]["exhausted"] is True and "exhausted" not in releases[0]
     spent = [e for e in ledger if e.get("event") == "exhausted"]
     assert [(e["tick"], e["epsilon_spent"]) for e in spent] == [
-        (13, cfg.statistics[0].budget_cost())
+        (13, float(cfg.privacy_statement().charges[0].epsilon))
     ]
     assert spent[0]["epsilon_spent"] <= cfg.privacy.total_epsilon
     assert "lifetime budget spent at tick 13" in caplog.text

@@ -1,0 +1,230 @@
+"""Issue 13 items 1-3 in the pipeline's own code: noise bound to a statistic's full
+identity, a changed statistic refused, the key's form, exact counts only under a
+public-counts statement."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+
+import orjson
+import pytest
+
+from dpstream.config.schema import ConfigError, parse_config
+from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
+from dpstream.pipeline.ledger import checked_statement, statement_entry
+from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stages import Report, Stage2, StatisticChanged
+from dpstream.pipeline.worker_support import load_noise, noise_key
+
+KEY = hashlib.sha256(b"one key for every pipeline").digest()
+
+BASE = {
+    "app_id": "prod",
+    "input": {"partitions": 2},
+    "noise": {"mode": "keyed"},
+    "privacy": {"total_epsilon": 2.0},
+    "statistics": [{"name": "events", "kind": "count", "epsilon": 1.0, "tau": 8}],
+}
+
+
+def config(**changes) -> dict:
+    data = copy.deepcopy(BASE)
+    for name, value in changes.items():
+        if name in ("epsilon", "tau", "name"):
+            data["statistics"][0][name] = value
+        else:
+            data[name] = value
+    return data
+
+
+def log(seed: int, ticks: int = 30, first_tick: int = 1000) -> list[bytes]:
+    rng = random.Random(seed)
+    lines = []
+    for t in range(ticks):
+        for _ in range(rng.randrange(0, 12)):
+            lines.append(orjson.dumps({"user_id": f"u{rng.randrange(20)}"}))
+        lines.append(orjson.dumps({"tick": first_tick + t}))
+    return lines
+
+
+def values(data: dict, lines: list[bytes], noise) -> list[int]:
+    return [r["value"] for r in replay(parse_config(data), lines, noise)]
+
+
+def test_two_pipelines_under_one_key_share_no_noise():
+    # The review's reproduction: "prod" and "staging", same key, same statistic name,
+    # different data. Before, the difference of their releases was the exact difference
+    # of their data at every tick.
+    prod_log, staging_log = log(1), log(2)
+    prod_noise, staging_noise = RecordingNoise(KeyedNoise(KEY)), RecordingNoise(KeyedNoise(KEY))
+    prod = values(config(app_id="prod"), prod_log, prod_noise)
+    staging = values(config(app_id="staging"), staging_log, staging_noise)
+    exact_prod = values(config(app_id="prod"), prod_log, ZeroNoise())
+    exact_staging = values(config(app_id="staging"), staging_log, ZeroNoise())
+    nodes = {node for node, _, _ in prod_noise.calls}
+    assert nodes and nodes.isdisjoint(node for node, _, _ in staging_noise.calls)
+    same = sum(
+        a - b == x - y for a, b, x, y in zip(prod, staging, exact_prod, exact_staging, strict=True)
+    )
+    # Independent noise of scale ~ 6 x 8 per level: an equal difference is rare (a few
+    # percent of ticks by chance; the key is fixed, so this count is too).
+    assert len(prod) == 30 and same <= 3
+
+
+def test_a_statistic_started_later_or_with_other_parameters_draws_other_noise():
+    lines = log(3)
+    first = RecordingNoise(KeyedNoise(KEY))
+    values(config(), lines, first)
+    restarted = RecordingNoise(KeyedNoise(KEY))  # recreated from empty state, later start
+    values(config(), log(3, first_tick=5000), restarted)
+    retuned = RecordingNoise(KeyedNoise(KEY))  # the same name, another epsilon
+    values(config(epsilon=0.5), lines, retuned)
+    nodes = {node for node, _, _ in first.calls}
+    assert nodes.isdisjoint(node for node, _, _ in restarted.calls)
+    assert nodes.isdisjoint(node for node, _, _ in retuned.calls)
+    # Every node carries the pipeline, the statistic, its fingerprint and its start tick.
+    app_id, name, fingerprint, start = next(iter(nodes))[:4]
+    assert (app_id, name, start) == ("prod", "events", 1000) and len(fingerprint) == 32
+
+
+def test_a_restart_from_stored_state_releases_what_an_uninterrupted_run_does():
+    cfg = parse_config(config())
+    reports = [Report("events", p, t, t, {"w": (t * 7 + p) % 5}) for t in range(50, 70)
+               for p in (0, 1)]  # fmt: skip
+    whole = Stage2(cfg, KeyedNoise(KEY), 2)
+    state = Stage2.new_state()
+    straight = [r for rep in reports for r in whole.on_report(state, rep)[0]]
+    resumed, state = [], Stage2.new_state()
+    for i, rep in enumerate(reports):
+        if i % 7 == 0:  # a new worker: fresh objects, the state as stored (JSON)
+            stage2 = Stage2(cfg, KeyedNoise(KEY), 2)
+            state = orjson.loads(orjson.dumps(state))
+        resumed += stage2.on_report(state, rep)[0]
+    assert straight == resumed and len(straight) == 20
+    assert state["identity"]["start_tick"] == 50
+
+
+def test_stage2_refuses_state_made_with_other_parameters():
+    old, new = parse_config(config()), parse_config(config(epsilon=0.5))
+    state = Stage2.new_state()
+    Stage2(old, ZeroNoise(), 1).on_report(state, Report("events", 0, 7, 7, {"w": 1}))
+    with pytest.raises(StatisticChanged, match=r"statistic.epsilon changed"):
+        Stage2(new, ZeroNoise(), 1).on_report(state, Report("events", 0, 8, 8, {"w": 1}))
+    legacy = {**state, "identity": None}  # released ticks, made before identities
+    with pytest.raises(StatisticChanged, match="no identity"):
+        Stage2(old, ZeroNoise(), 1).on_report(legacy, Report("events", 0, 8, 8, {"w": 1}))
+
+
+def test_the_ledger_check_refuses_epsilon_changed_in_place_and_names_the_field():
+    old = parse_config(config())
+    past = [statement_entry(old, old.privacy_statement())]
+    assert checked_statement(old, past).per_user_total == 1  # a restart: the same statistic
+    with pytest.raises(ConfigError) as info:
+        checked_statement(parse_config(config(epsilon=0.5)), past)
+    assert str(info.value).startswith("statistics[0].epsilon: statistic 'events' ran under")
+    assert "statistic.epsilon changed" in str(info.value)
+    with pytest.raises(ConfigError, match=r"^privacy\.neighbours: "):
+        changed = config(privacy={"total_epsilon": 2.0, "neighbours": "any_subset"})
+        checked_statement(parse_config(changed), past)
+
+
+def test_a_renamed_statistic_is_new_and_the_old_one_stays_charged():
+    old = parse_config(config())
+    past = [statement_entry(old, old.privacy_statement())]
+    statement = checked_statement(parse_config(config(name="events_v2")), past)
+    assert statement.per_user_total == 2  # events (retired) 1 + events_v2 1
+    assert [c.statistic for c in statement.retired] == ["events"]
+    tight = config(name="events_v2", privacy={"total_epsilon": 1.5})
+    with pytest.raises(ConfigError, match=r"^privacy\.total_epsilon: .*events 1"):
+        checked_statement(parse_config(tight), past)
+
+
+def test_the_statement_entry_carries_each_statistic_identity():
+    cfg = parse_config(config())
+    entry = statement_entry(cfg, cfg.privacy_statement())
+    assert entry["event"] == "statement" and entry["app_id"] == "prod"
+    assert entry["per_user_total"] == 1.0 and entry["relation"] == "whole_user"
+    identity = entry["identities"]["events"]
+    assert identity["parameters"]["statistic"]["epsilon"] == 1.0
+    assert len(identity["fingerprint"]) == 32
+
+
+# --------------------------------------------------------------------------- the key
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "correct horse battery",  # a password
+        "0123456789abcdef",  # 16 characters
+        "ab" * 24,  # 24 bytes of hex: 192 bits
+        "0123456789abcdef" * 4,  # 256 bits of a repeated pattern
+        "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",  # base64 of 32 x "A"
+        "not base64 at all !!",
+    ],
+)
+def test_a_key_below_256_random_looking_bits_is_refused(text):
+    with pytest.raises(ConfigError) as info:
+        noise_key(text.encode(), "noise.key_env")
+    assert str(info.value).startswith("noise.key_env: the noise key")
+    assert text not in str(info.value)
+
+
+def test_hex_and_base64_keys_of_32_bytes_are_the_same_key():
+    import base64
+
+    raw = hashlib.sha256(b"k").digest()
+    forms = [raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
+             base64.urlsafe_b64encode(raw).decode().rstrip("=")]  # fmt: skip
+    assert {noise_key(f.encode() + b"\n", "noise.key_file") for f in forms} == {raw}
+
+
+def test_the_worker_loads_a_hex_key_from_the_environment(monkeypatch):
+    data = config(noise={"mode": "keyed", "key_env": "DPSTREAM_IDENTITY_TEST_KEY"})
+    monkeypatch.setenv("DPSTREAM_IDENTITY_TEST_KEY", KEY.hex())
+    noise = load_noise(parse_config(data))
+    assert noise.discrete_laplace(("n", 1), 10) == noise.discrete_laplace(("n", 1), 10)
+    assert KEY.hex() not in repr(noise)
+
+
+# --------------------------------------------------------------------- exact counts
+
+
+def mean_and_count(public_counts: bool) -> dict:
+    return {
+        "input": {"partitions": 1},
+        "noise": {"mode": "insecure_zero"},
+        "privacy": {"total_epsilon": 2.0, "public_counts": public_counts},
+        "statistics": [
+            {"name": "events", "epsilon": 1.0, "tau": 8},
+            {
+                "name": "latency",
+                "kind": "mean",
+                "epsilon": 1.0,
+                "mean": {"max_users": 100, "max_samples_per_user": 8},
+            },
+        ],
+    }
+
+
+def test_a_mean_beside_a_count_cannot_reveal_the_count():
+    # The review: with tau 8 and m = 8 the mean's exact "samples" was the count's exact
+    # truncated value. Neither statement accepts the pair now.
+    with pytest.raises(ConfigError, match=r"statistics\[1\]\.kind: 'latency' is private only"):
+        parse_config(mean_and_count(public_counts=False))
+    with pytest.raises(ConfigError, match=r"statistics\[0\]: 'events' \(count\) protects whole"):
+        parse_config(mean_and_count(public_counts=True))
+
+
+def test_a_public_counts_pipeline_says_so_on_every_release():
+    data = mean_and_count(public_counts=True)
+    del data["statistics"][0]
+    lines = [orjson.dumps({"user_id": f"u{i}", "value": 0.5}) for i in range(5)]
+    lines.append(orjson.dumps({"tick": 3}))
+    releases = list(replay(parse_config(data), lines, ZeroNoise()))
+    assert releases and all(r["public_counts"] is True for r in releases)
+    assert releases[0]["samples"] == 5  # exact, and covered by the statement
+    plain = list(replay(parse_config(config(noise={"mode": "insecure_zero"})), lines, ZeroNoise()))
+    assert plain and all("public_counts" not in r for r in plain)
