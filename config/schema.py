@@ -329,8 +329,9 @@ class CellConfig(_Model):
             return self.contribution_cap
         return self.head_cap
 
-    def operator_spec(self, epsilon: float) -> CellMeanSpec:
-        """The ``operators.cell_mean`` spec of one cell release at ``epsilon``."""
+    def operator_spec(self, epsilon: float, any_subset: bool = False) -> CellMeanSpec:
+        """The ``operators.cell_mean`` spec of one cell release at ``epsilon``; ``any_subset``
+        is the strict mode's neighbouring relation (privacy.neighbours)."""
         from dpstream.operators import cell_mean
 
         def exact(x: float) -> str:
@@ -350,6 +351,7 @@ class CellConfig(_Model):
             quantile_step=None if self.quantile_step is None else exact(self.quantile_step),
             head_cap=self.head_cap_used(),
             contribution_cap=self.contribution_cap,
+            any_subset=any_subset,
         )
 
     def accountant_spec(self) -> CellAccountantSpec:
