@@ -389,6 +389,9 @@ class StatisticConfig(_Model):
     max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R
     bins: int | None = Field(None, ge=1, le=4096)  # histogram, kselect: R
     rank: Literal["max", "median"] | int | None = None  # kselect
+    # kselect: threshold k + Delta/2 (Dong-Luo-Yi, Appendix C-A) instead of k + Delta.
+    # Opt-in: the release is then no longer <= the true k-th with probability >= 1 - beta.
+    halve_margin: bool = False
     # Events with "op": "delete" form a second stream; count, sum and histogram release
     # F_ins - F_del, each at epsilon / 2 (spec 001 section 2.11).
     deletions: bool = False
@@ -467,6 +470,8 @@ class StatisticConfig(_Model):
             raise ValueError(f"rank: only applies to kind kselect, not {kind}")
         if isinstance(self.rank, int) and self.rank < 1:
             raise ValueError("rank: an integer rank must be >= 1")
+        if kind != "kselect" and "halve_margin" in self.model_fields_set:
+            raise ValueError(f"halve_margin: only applies to kind kselect, not {kind}")
         if self.user_state:
             # Its own mechanism bounds each user's contribution; none of these apply.
             for name in _NOT_FOR_USER_STATE:
