@@ -330,8 +330,9 @@ class CellConfig(_Model):
             return self.contribution_cap
         return self.head_cap
 
-    def operator_spec(self, epsilon: float) -> CellMeanSpec:
-        """The ``operators.cell_mean`` spec of one cell release at ``epsilon``."""
+    def operator_spec(self, epsilon: float, any_subset: bool = False) -> CellMeanSpec:
+        """The ``operators.cell_mean`` spec of one cell release at ``epsilon``; ``any_subset``
+        is the strict mode's neighbouring relation (privacy.neighbours)."""
         from dpstream.operators import cell_mean
 
         def exact(x: float) -> str:
@@ -351,6 +352,7 @@ class CellConfig(_Model):
             quantile_step=None if self.quantile_step is None else exact(self.quantile_step),
             head_cap=self.head_cap_used(),
             contribution_cap=self.contribution_cap,
+            any_subset=any_subset,
         )
 
     def accountant_spec(self) -> CellAccountantSpec:
@@ -397,6 +399,9 @@ class StatisticConfig(_Model):
     max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R
     bins: int | None = Field(None, ge=1, le=4096)  # histogram, kselect: R
     rank: Literal["max", "median"] | int | None = None  # kselect
+    # kselect: threshold k + Delta/2 (Dong-Luo-Yi, Appendix C-A) instead of k + Delta.
+    # Opt-in: the release is then no longer <= the true k-th with probability >= 1 - beta.
+    halve_margin: bool = False
     # Events with "op": "delete" form a second stream; count, sum and histogram release
     # F_ins - F_del, each at epsilon / 2 (spec 001 section 2.11).
     deletions: bool = False
@@ -477,6 +482,8 @@ class StatisticConfig(_Model):
             raise ValueError(f"rank: only applies to kind kselect, not {kind}")
         if isinstance(self.rank, int) and self.rank < 1:
             raise ValueError("rank: an integer rank must be >= 1")
+        if kind != "kselect" and "halve_margin" in self.model_fields_set:
+            raise ValueError(f"halve_margin: only applies to kind kselect, not {kind}")
         if self.user_state:
             # Its own mechanism bounds each user's contribution; none of these apply.
             for name in _NOT_FOR_USER_STATE:

@@ -17,8 +17,9 @@ levy (§2.4, §2.6)   mean of array means projected on [a, b],     Lap(2 s (b - 
                     [a, b] = PrivateInterval at eps / 2
 quantile (§2.5)     mean of array means projected on [a', b'],   Lap(2 s (b'-a')/(K_bar eps))
                     a', b' private quantiles at eps / 4 each
-noisy_ratio (§5.6)  capped mean: noisy sum / noisy count,        Lap(c U / eps) on the sum,
-                    eps / 2 each                                 Lap(2c / eps) on the count
+noisy_ratio (§5.6)  capped mean: noisy sum / noisy count,        Lap(c U / eps) on the sum
+                    eps / 2 each                                 (2 c U / eps any-subset),
+                                                                 Lap(2c / eps) on the count
 =================  ===========================================  =========================
 
 (s = 1 for BestFit, 2 for WrapAround; K_bar is K under WrapAround.)
@@ -28,7 +29,10 @@ differ in one user's values (spec 003 §1), so N, m^*, m_UB, the grouping and th
 arrays are functions of public counts. They are available only with ``counts_public=True``,
 which must come from the configuration. Otherwise (the default) the mechanism must be
 ``noisy_ratio``, the strict mode of spec 003 §5.6: add/remove-user neighbours, a fixed
-public cap c of samples per (cell, user), noisy sum and noisy count.
+public cap c of samples per (cell, user), noisy sum and noisy count. With ``any_subset``
+(neighbours drop any subset of one user's events) the first-c cap can promote a user's
+later values when earlier ones are dropped, so the sum's sensitivity and noise double
+(``sum_sensitivity``); the count's stays c.
 
 **Grid units and sensitivity.** Values are reals in [lower, upper], both multiples of the
 public grid step g. Stage 1 clips every value to [lower, upper] and snaps it to the nearest
@@ -122,6 +126,8 @@ class CellMeanSpec:
         head_cap: M_cap, the most values stage 1 keeps per (cell, user); m_UB <= M_cap.
         contribution_cap: c, the strict mode's samples per (cell, user) (0 when unused).
         lattice: D, the release lattice is Delta / D.
+        any_subset: strict mode's relation: False for add/remove-user neighbours, True for
+            neighbours that drop any subset of one user's events (the sum's scale doubles).
     """
 
     mechanism: str
@@ -138,6 +144,7 @@ class CellMeanSpec:
     head_cap: int
     contribution_cap: int
     lattice: int
+    any_subset: bool = False
 
     @property
     def lo(self) -> int:
@@ -277,6 +284,7 @@ def make_cell_mean(
     head_cap: int = DEFAULT_HEAD_CAP,
     contribution_cap: int | None = None,
     lattice: int = DEFAULT_LATTICE,
+    any_subset: bool = False,
 ) -> CellMeanSpec:
     """Validate every parameter and build a CellMeanSpec.
 
@@ -297,6 +305,10 @@ def make_cell_mean(
         head_cap: M_cap >= 1, values kept per (cell, user) by stage 1 (m_UB <= M_cap [C]).
         contribution_cap: c >= 1 for noisy_ratio (required there), <= head_cap.
         lattice: D >= 1.
+        any_subset: the neighbouring relation of noisy_ratio: False (default) for
+            add/remove-user neighbours, True for neighbours that may drop any subset of
+            one user's events. Only with counts_public False (the paper mechanisms' relation
+            is fixed by the public counts).
 
     Returns:
         The spec.
@@ -308,12 +320,17 @@ def make_cell_mean(
     Privacy:
         Paper mechanisms: eps-DP per cell for user-level value neighbours with a fixed,
         public count matrix (spec 003 §1). noisy_ratio: eps-DP per cell for add/remove-user
-        neighbours. Across cells see ``cell_accountant``.
+        neighbours, or for any-subset neighbours when ``any_subset`` (sum scale 2cU/(eps/2)).
+        Across cells see ``cell_accountant``.
     """
     if mechanism not in MECHANISMS:
         raise _validate.invalid("mechanism", f"one of {MECHANISMS}", mechanism)
     if not isinstance(counts_public, bool):
         raise _validate.invalid("counts_public", "a bool", counts_public)
+    if not isinstance(any_subset, bool):
+        raise _validate.invalid("any_subset", "a bool", any_subset)
+    if any_subset and counts_public:
+        raise _validate.invalid("any_subset", "False when counts_public is True", any_subset)
     if mechanism in PAPER_MECHANISMS and not counts_public:
         raise _validate.invalid(
             "mechanism", "'noisy_ratio' unless counts_public is True (spec 003 §5.6)", mechanism
@@ -372,6 +389,7 @@ def make_cell_mean(
         head_cap=head_cap,
         contribution_cap=contribution_cap or 0,
         lattice=lattice,
+        any_subset=any_subset,
     )
 
 
@@ -596,6 +614,18 @@ def sensitivity(
     raise _validate.invalid("mechanism", "not noisy_ratio (two sensitivities)", spec.mechanism)
 
 
+def sum_sensitivity(spec: CellMeanSpec) -> int:
+    """noisy_ratio: L1 sensitivity of the centred sum (doubled grid units) under the spec's
+    relation: c U for add/remove-user neighbours, 2 c U for any-subset neighbours."""
+    return (2 if spec.any_subset else 1) * spec.contribution_cap * spec.value_range
+
+
+def count_sensitivity(spec: CellMeanSpec) -> int:
+    """noisy_ratio: L1 sensitivity of the capped count sum_l min(m_l, c): c under both
+    relations (one user's min(m, c) stays in [0, c])."""
+    return spec.contribution_cap
+
+
 def mean_budget(spec: CellMeanSpec) -> Fraction:
     """The part of eps that the noise on f gets: eps, or eps / 2 for levy and quantile."""
     return spec.epsilon / 2 if spec.mechanism in ("levy", "quantile") else spec.epsilon
@@ -720,14 +750,19 @@ def _release_noisy_ratio(
 
     Values are centred on the midpoint m = (lo + hi) / 2 and doubled to stay integers:
     each kept value adds 2x - (lo + hi) in [-U, U], and a user adds at most c of them, so
-    adding or removing a user moves the sum by <= c U and the count by <= c. The estimate
+    adding or removing a user moves the sum by <= c U and the count by <= c. Under
+    any-subset neighbours (``spec.any_subset``) dropping some of a user's first events
+    promotes later ones into the first-c cap, so the user's kept part of the sum goes from
+    one value in [-c U, c U] to another: it moves by <= 2 c U (tight: c values at lo
+    dropped, c at hi promoted) and its scale doubles; the count min(m, c) still moves by
+    <= c (it stays in [0, c]). The estimate
     is m + S~ / (2 N~) clamped to [lo, hi], or m when N~ < 1 [C]. It is released for every
     scheduled cell, empty or not.
     """
-    c, u = spec.contribution_cap, spec.value_range
+    u = spec.value_range
     half = spec.epsilon / 2
-    sum_scale = Fraction(c * u) / half
-    count_scale = Fraction(c) / half
+    sum_scale = Fraction(sum_sensitivity(spec)) / half
+    count_scale = Fraction(count_sensitivity(spec)) / half
     noisy_sum = prepared.centered_sum + noise.discrete_laplace((*cell, "sum"), sum_scale)
     noisy_count = prepared.capped_count + noise.discrete_laplace((*cell, "count"), count_scale)
     lo, hi = Fraction(spec.lo), Fraction(spec.hi)

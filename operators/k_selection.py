@@ -26,9 +26,11 @@ Options (all public, fixed in the spec):
   generating functions, minimised over a fixed lambda grid; the union bound over r gives
   the same all-r guarantee as eq. (3), typically 10^2 times smaller). "zero" is
   the TEST HOOK Delta = 0 of oracle 8 (no one-way guarantee).
-* ``practical`` (section 2.6): tracker from tau = 64 with the shifted series, and the
-  threshold k + Delta/2 (``halve_delta``; the one-way guarantee then no longer holds
-  with probability 1 - beta, the paper's trade-off for its loose Delta).
+* ``practical`` (section 2.6): tracker from tau = 64 with the shifted series. It no
+  longer halves Delta: the paper's Appendix C-A also uses the threshold k + Delta/2, but
+  that is a separate opt-in, ``halve_delta`` (default False), because the one-way
+  guarantee then no longer holds with probability 1 - beta (the paper's trade-off for its
+  loose Delta; measured with the Chernoff Delta: P(o~ > o_{t,k}) above beta).
 * ``dyadic=False`` (section 2.6, the paper's F_max experiments): ONE finest histogram with
   the full epsilon answers the suffix sums S(r) = sum_{x >= r} H(x); its Delta is
   sqrt(#bins in the suffix) * Noise_U of one bin (spec 001 section 8's suggestion) or the
@@ -375,7 +377,8 @@ class KSelectionSpec:
         dyadic: LOG R + 1 histograms (Alg. 6) or one finest histogram (section 2.6).
         levels: the histograms' specs (level 1 = finest).
         delta_mode: "eq3", "chernoff" or "zero" (module docstring).
-        delta_factor: 1, or 1/2 in practical mode (threshold k + Delta/2).
+        delta_factor: 1, or 1/2 with ``halve_delta`` (threshold k + Delta/2, no one-way
+            guarantee).
         search: "scan" or "bisect".
     """
 
@@ -444,7 +447,7 @@ def make_k_selection(
     quantile: float | Fraction | None = None,
     dyadic: bool = True,
     practical: bool = False,
-    halve_delta: bool | None = None,
+    halve_delta: bool = False,
     delta_mode: str = "eq3",
     search: str = "scan",
     any_subset: bool = False,
@@ -463,7 +466,9 @@ def make_k_selection(
         quantile: q in (0, 1] for a private rank k_t = ceil(q n~_t) (1/2: median).
         dyadic: Alg. 6's LOG R + 1 histograms (True) or one finest histogram (False).
         practical: section 2.6 tracker (tau~ from 64, shifted series).
-        halve_delta: threshold k + Delta/2; default: ``practical``.
+        halve_delta: threshold k + Delta/2 (Appendix C-A's practical threshold); default
+            False, whatever ``practical``: only the full Delta keeps the one-way guarantee
+            P(o~ <= o_{t,k}) >= 1 - beta.
         delta_mode: "eq3", "chernoff" or "zero" (test hook).
         search: "scan" or "bisect".
         any_subset: node multiplier 2 (pitfall P1).
@@ -486,7 +491,8 @@ def make_k_selection(
     _validate.check_probability("beta", b)
     th = _validate.exact_fraction("theta", theta)
     _validate.check_positive("theta", th)
-    for flag_name, flag in (("dyadic", dyadic), ("practical", practical)):
+    flags = (("dyadic", dyadic), ("practical", practical), ("halve_delta", halve_delta))
+    for flag_name, flag in flags:
         if not isinstance(flag, bool):
             raise _validate.invalid(flag_name, "a bool", flag)
     if quantile is None:
@@ -501,9 +507,6 @@ def make_k_selection(
         raise _validate.invalid("delta_mode", f"one of {DELTA_MODES}", delta_mode)
     if search not in SEARCHES:
         raise _validate.invalid("search", f"one of {SEARCHES}", search)
-    halve = practical if halve_delta is None else halve_delta
-    if not isinstance(halve, bool):
-        raise _validate.invalid("halve_delta", "a bool or None", halve_delta)
     R = padded_domain(domain) if dyadic else domain  # noqa: N806
     count = num_levels(R) if dyadic else 1
     levels = tuple(
@@ -532,7 +535,7 @@ def make_k_selection(
         dyadic=dyadic,
         levels=levels,
         delta_mode=delta_mode,
-        delta_factor=Fraction(1, 2) if halve else Fraction(1),
+        delta_factor=Fraction(1, 2) if halve_delta else Fraction(1),
         search=search,
     )
 

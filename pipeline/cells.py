@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from dpstream.config.schema import CellConfig, PipelineConfig, StatisticConfig
+from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import cell_accountant as acct
 from dpstream.operators import cell_mean as cm
 from dpstream.operators import clip_user
@@ -74,7 +74,11 @@ class CellMeanStatistic:
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
         cells = stat.cells
         assert cells is not None
-        spec = cells.operator_spec(stat.epsilon)
+        # Strict mode honours privacy.neighbours: any_subset doubles the sum's noise. Public
+        # counts fix the relation (one user's values change, counts stay), so it is not
+        # passed there.
+        any_subset = cfg.privacy.neighbours is Neighbours.any_subset and not cells.counts_public
+        spec = cells.operator_spec(stat.epsilon, any_subset=any_subset)
         clip = None
         if cells.clip_user:
             clip = clip_user.make_clip_user(
@@ -83,8 +87,11 @@ class CellMeanStatistic:
         arrays = spec.mechanism not in ("baseline", "noisy_ratio")
         mechanism = f"{cm.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
         # Public counts: spec 003's neighbours (same count matrix, one user's values
-        # differ). Strict: a user's whole data added or removed.
-        neighbours = "user_values_same_counts" if cells.counts_public else "add_remove_user"
+        # differ). Strict: a user's whole data added or removed, or any subset of it.
+        if cells.counts_public:
+            neighbours = "user_values_same_counts"
+        else:
+            neighbours = "any_subset" if spec.any_subset else "add_remove_user"
         return cls(
             stat.name,
             stat.key,

@@ -180,10 +180,15 @@ class UserLevelCounter:
 
     def _values(self, rel: Any) -> dict[str, Any]:
         if self.stat.kind == "kselect":
+            full = self.spec.delta_factor == 1
             return {
                 "value": rel.value,  # 0: no value passes (fewer than k items, privately)
                 "k": rel.k,
                 "margin": rel.margin,
+                # Threshold k + Delta (full) or k + Delta/2 (half, halve_margin: true). Only
+                # the full Delta keeps value <= the true k-th with probability >= 1 - beta.
+                "margin_mode": "full" if full else "half",
+                "one_way": full and self.spec.delta_mode != "zero",
                 "tau": max(rel.taus),
                 "taus": list(rel.taus),
             }
@@ -262,6 +267,7 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
             beta,
             theta,
             delta_mode="chernoff",
+            halve_delta=stat.halve_margin,
             any_subset=any_subset,
             **rank,
             **options,

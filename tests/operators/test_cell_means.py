@@ -618,6 +618,8 @@ def test_malformed_aggregates() -> None:
         ({"mechanism": "noisy_ratio", "contribution_cap": 9, "head_cap": 4},
          "contribution_cap must be <= head_cap = 4, got 9"),
         ({"counts_public": 1}, "counts_public must be a bool, got 1"),
+        ({"any_subset": 1}, "any_subset must be a bool, got 1"),
+        ({"any_subset": True}, "any_subset must be False when counts_public is True, got True"),
     ],
 )  # fmt: skip
 def test_make_cell_mean_rejects_bad_parameters(kwargs, message) -> None:
@@ -670,6 +672,85 @@ def test_strict_sum_and_count_sensitivity_under_add_remove(data) -> None:
     capped = [v for vals in data.values() for v in vals[:3]]
     assert out.release.value == pytest.approx(sum(capped) / len(capped))
     assert out.kept_users == tuple(sorted(data))
+
+
+# Exhaustive worst case of the strict mode's sum and count, under both relations: every
+# value sequence of one user (values in STRICT_GRID, lengths 1..2c) against every neighbour
+# (add/remove: the user absent; any subset: every subsequence, the empty one included),
+# beside another user's fixed data, through the real ``prepare``. Lower 0, upper 4, step 1:
+# grid units are values, U = 4, centred values 2x - 4 are -4, 0 or 4.
+STRICT_GRID = (0, 2, 4)  # lo, the midpoint, hi
+STRICT_OTHERS = (cm.UserCellAggregate("other", 3, 5, (1, 4, 0)),)
+
+
+def strict_worst_case(c: int, any_subset: bool) -> tuple[int, int]:
+    """max |Delta centred_sum|, max |Delta capped_count| over one user's neighbours."""
+    spec = cm.make_cell_mean("noisy_ratio", 1, 0, 4, 1, contribution_cap=c)
+    cache: dict[tuple[int, ...], tuple[int, int]] = {}
+
+    def sum_and_count(values: tuple[int, ...]) -> tuple[int, int]:
+        if values not in cache:
+            user = cm.UserCellAggregate("u", len(values), sum(values), values)
+            prep = cm.prepare(spec, STRICT_OTHERS + ((user,) if values else ()))
+            cache[values] = (prep.centered_sum, prep.capped_count)
+        return cache[values]
+
+    d_sum = d_count = 0
+    for n in range(1, 2 * c + 1):
+        for values in itertools.product(STRICT_GRID, repeat=n):
+            s, k = sum_and_count(values)
+            kept_sets = (
+                [keep for r in range(n) for keep in itertools.combinations(range(n), r)]
+                if any_subset
+                else [()]
+            )
+            for keep in kept_sets:
+                s2, k2 = sum_and_count(tuple(values[i] for i in keep))
+                d_sum, d_count = max(d_sum, abs(s - s2)), max(d_count, abs(k - k2))
+    return d_sum, d_count
+
+
+def strict_scales(spec: cm.CellMeanSpec) -> tuple[Fraction, Fraction]:
+    """The (sum, count) Laplace scales a release draws at, read from the noise source."""
+    recorder = RecordingNoise(ZeroNoise())
+    cm.release_cell(spec, CELL, [], recorder)
+    scales = {node[-1]: scale for node, scale, _ in recorder.calls}
+    return scales["sum"], scales["count"]
+
+
+@pytest.mark.parametrize("c", [1, 2, 3])
+@pytest.mark.parametrize("any_subset", [False, True])
+def test_strict_scales_are_calibrated_to_the_exact_worst_case_of_each_relation(c, any_subset):
+    """scale * (eps / 2) equals (not just bounds) the exhaustive max |Delta|: c U / 2 c U
+    for the sum (doubled units, add/remove / any subset), c for the count under both."""
+    u = 4
+    d_sum, d_count = strict_worst_case(c, any_subset)
+    assert (d_sum, d_count) == ((2 if any_subset else 1) * c * u, c)
+    spec = cm.make_cell_mean(
+        "noisy_ratio", "0.7", 0, u, 1, contribution_cap=c, any_subset=any_subset
+    )
+    sum_scale, count_scale = strict_scales(spec)
+    half = spec.epsilon / 2
+    assert sum_scale * half == d_sum == cm.sum_sensitivity(spec)
+    assert count_scale * half == d_count == cm.count_sensitivity(spec)
+
+
+@pytest.mark.parametrize("c", [1, 2, 3])
+def test_add_remove_calibration_is_exceeded_under_any_subset(c):
+    """The add/remove-user calibration (c U) is what strict cells used whatever the relation:
+    under any subset the sum moves by 2 c U, e.g. c values at lo then c at hi, the first c
+    dropped: the kept values flip from -U each to +U each."""
+    u = 4
+    add_remove = cm.make_cell_mean("noisy_ratio", 1, 0, u, 1, contribution_cap=c)
+    sum_scale, _ = strict_scales(add_remove)
+    calibrated = sum_scale * add_remove.epsilon / 2
+    assert calibrated == c * u
+    d_sum, _ = strict_worst_case(c, any_subset=True)
+    assert d_sum == 2 * c * u > calibrated
+    values = (0,) * c + (u,) * c
+    full = cm.prepare(add_remove, [cm.UserCellAggregate("u", 2 * c, sum(values), values)])
+    later = cm.prepare(add_remove, [cm.UserCellAggregate("u", c, c * u, values[c:])])
+    assert (full.centered_sum, later.centered_sum) == (-c * u, c * u)
 
 
 # ---------------------------------------------------------------------------------------

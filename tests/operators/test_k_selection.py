@@ -278,6 +278,7 @@ def test_state_json_round_trip():
         ({"delta_mode": "loose"}, "delta_mode must be one of"),
         ({"search": "binary"}, "search must be one of"),
         ({"dyadic": 1}, "dyadic must be a bool, got 1"),
+        ({"halve_delta": None}, "halve_delta must be a bool, got None"),
     ],
 )
 def test_make_rejects_bad_parameters(kwargs, message):
@@ -285,6 +286,16 @@ def test_make_rejects_bad_parameters(kwargs, message):
     with pytest.raises(InvalidOperatorConfig) as info:
         ks.make_k_selection(**args)
     assert message in str(info.value)
+
+
+def test_practical_keeps_the_full_delta_unless_halving_is_asked_for():
+    """Appendix C-A's k + Delta/2 is no longer implied by ``practical``: only the full
+    Delta keeps the one-way guarantee, so halving is a separate opt-in."""
+    args, half = ("m", 8, 2, Fraction(1, 10)), Fraction(1, 2)
+    assert ks.make_k_selection(*args).delta_factor == 1
+    assert ks.make_k_selection(*args, practical=True).delta_factor == 1
+    assert ks.make_k_selection(*args, practical=True, halve_delta=True).delta_factor == half
+    assert ks.make_k_selection(*args, halve_delta=True).delta_factor == half
 
 
 def test_step_rejects_a_row_longer_than_the_domain():

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
-from dpstream.operators.noise import KeyedNoise, ZeroNoise
+from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.records import BadRecord, Event, decode_events, event_json, partition_for
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Stage1, Stage2, users_of_partition
@@ -240,6 +240,41 @@ def test_strict_mode_releases_every_listed_cell_and_publishes_no_counts(caplog):
     for entry in ledger:
         assert not {"users_charged", "epoch_max_loss", "dropped_at_cap"} & set(entry)
     assert "reached the epoch cap" in caplog.text
+
+
+@pytest.mark.parametrize(("neighbours", "factor"), [("whole_user", 1), ("any_subset", 2)])
+def test_strict_mode_doubles_the_sum_noise_under_any_subset(neighbours, factor):
+    """privacy.neighbours reaches noisy_ratio: any subset of a user's events can promote
+    later values into the first-c cap, so the sum's scale doubles (2 c U / (eps / 2)); the
+    count's stays c / (eps / 2). Each release names the relation."""
+    data = strict_config()
+    data["privacy"]["neighbours"] = neighbours
+    cfg = parse_config(data)
+    stage1, recorder = Stage1(cfg), RecordingNoise(ZeroNoise())
+    stage2 = Stage2(cfg, recorder, 1)
+    users: dict[str, dict] = {}
+    pstate, sstate = Stage1.new_partition_state(), Stage2.new_state()
+    lines = [ev("u1", 10), ev("u1", 90, "B"), tick(0), tick(1)]
+    releases = []
+    for offset, line in enumerate(lines):
+        obj = orjson.loads(line)
+        if "tick" in obj:
+            for report in stage1.close_tick(
+                pstate, 0, obj["tick"], users_of_partition(users, 0, 1)
+            ):
+                releases += stage2.on_report(sstate, report)[0]
+            continue
+        stage1.add_events(pstate, users, decode_events(line, None, limits_for(cfg))[0], offset, 0)
+    scales = {(node[1], node[-1]): scale for node, scale, _ in recorder.calls}
+    assert len(scales) == len(recorder.calls) == 6  # one sum and one count per cell
+    c, half = 2, Fraction(1, 2)  # contribution_cap 2, epsilon 1
+    for cell in "ABC":
+        assert scales[cell, "sum"] == factor * c * U / half
+        assert scales[cell, "count"] == c / half
+    assert len(releases) == 3
+    expected = "any_subset" if neighbours == "any_subset" else "add_remove_user"
+    assert {r["neighbours"] for r in releases} == {expected}
+    assert {r["noise_scale"] for r in releases} == {factor * c * U / 1.0}  # value units
 
 
 def test_strict_mode_rejects_unlisted_cells_and_events_without_a_cell():

@@ -227,6 +227,10 @@ def _cfg(**changes):
             "statistics[0].rank: required for kind kselect",
         ),
         (
+            {"statistics__0__halve_margin": False},
+            "statistics[0].halve_margin: only applies to kind kselect, not count",
+        ),
+        (
             {
                 "statistics__0__tau": "auto",
                 "statistics__0__mechanism": "kary",

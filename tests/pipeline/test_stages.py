@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import math
 from collections.abc import Iterator, MutableMapping
 
 import numpy as np
@@ -403,6 +405,73 @@ def test_user_level_k_selection_max_and_median():
         (release,) = _releases(cfg, *events, {"tick": 1})
         assert (release["value"], release["k"]) == (value, k), rank
         assert 0 < release["margin"] < 1 and release["mechanism"] == "k_selection"
+
+
+def test_k_selection_uses_the_full_margin_unless_halve_margin_and_says_which():
+    """The threshold is k + Delta by default, also with practical: true (the schema's
+    default); halve_margin: true opts into k + Delta/2. Each release states the mode and
+    whether the one-way guarantee holds."""
+    items = [("a", 7), ("b", 3), ("c", 5), ("a", 4), ("d", 1)]
+    events = [{"user_id": u, "value": v} for u, v in items]
+    out = {}
+    for extra in ({}, {"practical": True}, {"halve_margin": True}):
+        cfg = user_level_config(kind="kselect", bins=8, rank="max", **extra)
+        (release,) = _releases(cfg, *events, {"tick": 1})
+        out[tuple(extra)] = release
+    full, practical, half = out[()], out[("practical",)], out[("halve_margin",)]
+    assert (full["margin_mode"], full["one_way"]) == ("full", True)
+    assert (practical["margin_mode"], practical["one_way"]) == ("full", True)
+    assert (half["margin_mode"], half["one_way"]) == ("half", False)
+    assert full["value"] == half["value"] == 5  # zero noise: both thresholds pass at 5
+    assert half["margin"] == pytest.approx(full["margin"] / 2, rel=1e-12)
+
+
+def _kselect_overshoot_rates(halve_margin: bool, runs: int, ticks: int) -> list[float]:
+    """Per tick, the fraction of runs whose release exceeds the true max 1."""
+    stat = {"name": "top", "kind": "kselect", "bins": 8, "rank": "max", "epsilon": 1.0}
+    if halve_margin:
+        stat["halve_margin"] = True
+    cfg = parse_config(
+        {
+            "input": {"partitions": 1},
+            "noise": {"mode": "insecure_zero"},  # replaced by the keyed noise below
+            "privacy": {"total_epsilon": 1.0},
+            "statistics": [stat],
+        }
+    )
+    assert cfg.statistics[0].beta == 0.1 and cfg.statistics[0].practical  # the defaults
+    log = []
+    for t in range(1, ticks + 1):  # five users send the value 1 at every tick
+        log += [{"user_id": f"u{j}", "value": 1} for j in range(5)] + [{"tick": t}]
+    lines = _log(*log)
+    over = [0] * ticks
+    for i in range(runs):
+        key = hashlib.sha256(f"run-{i}".encode()).digest()  # a distinct key per run
+        releases = list(replay(cfg, lines, KeyedNoise(key)))
+        assert [r["tick"] for r in releases] == list(range(1, ticks + 1))
+        assert {r["margin_mode"] for r in releases} == {"half" if halve_margin else "full"}
+        for t, release in enumerate(releases):
+            over[t] += release["value"] > 1
+    return [n / runs for n in over]
+
+
+@pytest.mark.statistical
+def test_k_selection_is_one_way_with_probability_1_minus_beta_per_tick():
+    """P(value > true k-th) <= beta at every tick, with the configured beta = 0.1 and the
+    schema's defaults, through the pipeline (stage 1, stage 2, replay) with keyed noise.
+
+    n = 400 runs, run i keyed by sha256("run-i"). At a true rate p <= beta the per-tick
+    estimate has standard error <= sqrt(beta (1 - beta) / n) = 0.015; the test allows
+    beta + 3 standard errors = 0.145 (one tick of a correct mechanism exceeds it with
+    probability about 0.14%; the full Delta's union bound keeps the true rate far below
+    beta, measured 0 to 0.015). The same runs with halve_margin: true exceed beta at some
+    tick (measured up to 0.19), so the test can fail. About 20 s."""
+    runs, ticks, beta = 400, 16, 0.1
+    tolerance = 3 * math.sqrt(beta * (1 - beta) / runs)
+    full = _kselect_overshoot_rates(False, runs, ticks)
+    assert max(full) <= beta + tolerance, full
+    half = _kselect_overshoot_rates(True, runs, ticks)
+    assert max(half) > beta + tolerance, half
 
 
 def test_an_expiring_statistic_stops_when_its_lifetime_budget_is_spent(caplog):
