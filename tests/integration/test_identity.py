@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import orjson
-from confluent_kafka import KafkaException
 import pytest
 import yaml
+from confluent_kafka import KafkaException
 
 from dpstream.pipeline.clients import read_topic
 from tests.conftest import wait_until

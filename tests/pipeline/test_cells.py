@@ -265,7 +265,8 @@ def test_strict_mode_doubles_the_sum_noise_under_any_subset(neighbours, factor):
                 releases += stage2.on_report(sstate, report)[0]
             continue
         stage1.add_events(pstate, users, decode_events(line, None, limits_for(cfg))[0], offset, 0)
-    scales = {(node[1], node[-1]): scale for node, scale, _ in recorder.calls}
+    # Nodes: (*statistic identity, statistic, cell key, slot, "sum" or "count").
+    scales = {(node[-3], node[-1]): scale for node, scale, _ in recorder.calls}
     assert len(scales) == len(recorder.calls) == 6  # one sum and one count per cell
     c, half = 2, Fraction(1, 2)  # contribution_cap 2, epsilon 1
     for cell in "ABC":
