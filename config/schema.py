@@ -482,7 +482,7 @@ class StatisticConfig(_Model):
             raise ValueError(f"rank: only applies to kind kselect, not {kind}")
         if isinstance(self.rank, int) and self.rank < 1:
             raise ValueError("rank: an integer rank must be >= 1")
-        if kind != "kselect" and "halve_margin" in self.model_fields_set:
+        if kind != "kselect" and self.halve_margin:
             raise ValueError(f"halve_margin: only applies to kind kselect, not {kind}")
         if self.user_state:
             # Its own mechanism bounds each user's contribution; none of these apply.

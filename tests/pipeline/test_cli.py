@@ -66,3 +66,29 @@ def test_replay_cli_prints_releases_as_jsonl(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = [yaml.safe_load(line) for line in out.stdout.splitlines()]
     assert [(r["step"], r["value"]) for r in lines] == [(1, 2), (2, 2)]
+
+
+MEAN = {
+    "name": "latency",
+    "kind": "mean",
+    "epsilon": 1.0,
+    "mean": {"max_users": 100, "max_samples_per_user": 8},
+}
+
+
+def test_check_config_states_public_counts_and_refuses_a_mix(tmp_path):
+    public = {**GOOD, "privacy": {"total_epsilon": 1.0, "public_counts": True}}
+    out = run("check-config", write(tmp_path, {**public, "statistics": [MEAN]}))
+    assert out.returncode == 0, out.stderr
+    assert "privacy statement (public_counts neighbours):" in out.stdout
+    assert "PUBLIC COUNTS: who sent how many events when is NOT protected" in out.stdout
+    # A count beside the mean: its exact truncated value would be the mean's "samples".
+    mixed = {**GOOD, "privacy": {"total_epsilon": 2.0}}
+    mixed["statistics"] = [*GOOD["statistics"], MEAN]
+    out = run("check-config", write(tmp_path, mixed))
+    assert out.returncode == 2
+    assert "statistics[1].kind: 'latency' is private only with its counts public" in out.stderr
+    mixed["privacy"] = {"total_epsilon": 2.0, "public_counts": True}
+    out = run("check-config", write(tmp_path, mixed))
+    assert out.returncode == 2
+    assert "statistics[0]: 'events' (count) protects whole users" in out.stderr

@@ -227,7 +227,7 @@ def _cfg(**changes):
             "statistics[0].rank: required for kind kselect",
         ),
         (
-            {"statistics__0__halve_margin": False},
+            {"statistics__0__halve_margin": True},
             "statistics[0].halve_margin: only applies to kind kselect, not count",
         ),
         (
@@ -351,3 +351,21 @@ def test_a_dpstream_header_without_a_value_is_an_unknown_kind():
     assert header_kind([("dpstream", None)]) == b""
     with pytest.raises(BadRecord, match="unknown dpstream header"):
         decode_events(b'{"user_id": "u"}', b"", ANY_KEY)
+
+
+def test_a_dumped_config_parses_again():
+    # The demo (and users' tooling) writes a parsed config back out: defaults included.
+    data = {
+        "privacy": {"total_epsilon": 9.0},
+        "statistics": [
+            {"name": "c", "epsilon": 1.0, "tau": 4},
+            {"name": "s", "kind": "sum", "max_value": 5, "epsilon": 1.0},
+            {"name": "h", "kind": "histogram", "bins": 4, "epsilon": 1.0},
+            {"name": "k", "kind": "kselect", "bins": 4, "rank": "max", "epsilon": 1.0},
+            {"name": "d", "kind": "distinct", "epsilon": 1.0},
+            {"name": "e", "epsilon": 1.0, "tau": 2, "mechanism": "expiring", "lambda": 1,
+             "horizon_ticks": 2},
+        ],
+    }  # fmt: skip
+    cfg = parse_config(data)
+    assert parse_config(cfg.model_dump(mode="json", by_alias=True)) == cfg
