@@ -35,7 +35,8 @@ from .records import (
     header_kind,
     owned_by,
 )
-from .stages import Report, Stage1, Stage2, StatisticChanged, users_of_partition
+from .stages import Stage1, Stage2, StatisticChanged, users_of_partition
+from .statistic import Report
 from .worker_support import limits_for
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import cell_accountant as acct
@@ -47,9 +47,7 @@ from dpstream.operators.noise import NoiseSource
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
-
-if TYPE_CHECKING:
-    from .stages import Report
+from .statistic import Report
 
 log = logging.getLogger(__name__)
 

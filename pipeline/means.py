@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import continual_mean as cm
@@ -19,9 +19,7 @@ from dpstream.operators.noise import NoiseSource
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
-
-if TYPE_CHECKING:
-    from .stages import Report
+from .statistic import Report
 
 
 @dataclass(frozen=True)

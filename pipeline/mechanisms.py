@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import (
@@ -26,8 +26,9 @@ from dpstream.operators import (
 from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import TreeRelease
 
-if TYPE_CHECKING:
-    from .stages import UserStatistic
+from .cells import CellMeanStatistic
+from .means import ContinualMeanStatistic
+from .statistic import UserStatistic
 
 
 @dataclass(frozen=True)
@@ -289,9 +290,6 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
 
 def user_statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> UserStatistic:
     """The ``UserStatistic`` of a kind whose stage-1 state is per user (USER_STATE_KINDS)."""
-    from .cells import CellMeanStatistic
-    from .means import ContinualMeanStatistic
-
     if stat.kind == "mean":
         return ContinualMeanStatistic.of(stat, cfg)
     if stat.kind == "cell_mean":

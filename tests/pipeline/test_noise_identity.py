@@ -15,7 +15,8 @@ from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.ledger import checked_statement, statement_entry
 from dpstream.pipeline.replay import replay
-from dpstream.pipeline.stages import Report, Stage2, StatisticChanged
+from dpstream.pipeline.stages import Stage2, StatisticChanged
+from dpstream.pipeline.statistic import Report
 from dpstream.pipeline.worker_support import load_noise, noise_key
 
 KEY = hashlib.sha256(b"one key for every pipeline").digest()

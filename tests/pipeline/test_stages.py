@@ -17,7 +17,8 @@ from dpstream.operators.noise import KeyedNoise, ZeroNoise
 from dpstream.pipeline.changelog import RECORD_OVERHEAD, WINDOW_BYTES, ChangelogWindow
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
-from dpstream.pipeline.stages import Report, Stage1, Stage2
+from dpstream.pipeline.stages import Stage1, Stage2
+from dpstream.pipeline.statistic import Report
 
 
 class KeyPrefix(MutableMapping[str, dict]):

@@ -1,0 +1,107 @@
+"""The project's modules import one another without cycles, and in one direction:
+operators know nothing of config or pipeline, config nothing of pipeline.
+
+Every import counts, wherever it is written (top level, ``if TYPE_CHECKING:``, inside a
+function): a cycle hidden behind one is still a cycle of the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"operators": "dpstream.operators", "pipeline": "dpstream.pipeline",
+            "config": "dpstream.config"}  # fmt: skip
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            out[name] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports (a package's import of its submodule counts)."""
+    is_package = path.name == "__init__.py"
+    base = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
+                module = f"{anchor}.{node.module}" if node.module else anchor
+            else:
+                module = node.module or ""
+            # "from pkg import sub" imports the submodule; other names come from pkg itself.
+            subs = [f"{module}.{alias.name}" for alias in node.names]
+            targets = [t for t in subs if t in known]
+            if len(targets) < len(subs):
+                targets.append(module)
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_one():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+
+
+def test_imports_go_one_way():
+    for name, targets in graph().items():
+        if name.startswith("dpstream.operators"):
+            assert all(t.startswith("dpstream.operators") for t in targets), (name, targets)
+        if name.startswith("dpstream.config"):
+            assert not any(t.startswith("dpstream.pipeline") for t in targets), (name, targets)
