@@ -22,22 +22,17 @@ from dpstream.operators.noise import NoiseSource
 
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
+from .drivers import Stage1Driver, Stage2Driver
 from .faust_fixes import seek_uncommitted_to_beginning
 from .kafka_security import faust_credentials
 from .records import (
     HEADER,
     TICK,
-    BadRecord,
-    check_marker_time,
-    decode_events,
-    decode_tick,
     encode_tick,
     header_kind,
-    owned_by,
 )
-from .stages import Stage1, Stage2, StatisticChanged, users_of_partition
+from .stages import Stage1, Stage2, StatisticChanged
 from .statistic import Report
-from .worker_support import limits_for
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +102,8 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     stage1_table.install()
     stage2_state = app.Table("stage2", partitions=partitions, key_type=str)
 
-    stage1 = Stage1(cfg)
-    stage2 = Stage2(cfg, noise, partitions)
-    limits = limits_for(cfg)
+    driver1 = Stage1Driver(cfg)
+    driver2 = Stage2Driver(cfg, noise, partitions)
     rejected: Counter[str] = Counter()
 
     async def reject(
@@ -165,53 +159,37 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     ) -> None:
         pkey = f"p:{partition}"
         pstate = stage1_table.get(pkey) or Stage1.new_partition_state()
-        if not in_gap and 0 <= pstate["last_offset"] < offset - 1:
-            await fill_gap(partition, pstate["last_offset"] + 1, offset)
+        hole = None if in_gap else driver1.skipped(pstate, offset)
+        if hole is not None:
+            await fill_gap(partition, *hole)
             pstate = stage1_table.get(pkey)
         entries = stage1_table.for_partition(partition)
         users = stage1_table.for_partition(partition, "u:")
         sent: list[Awaitable] = []
         kind = header_kind(headers)
-        if kind == TICK and offset <= pstate["last_offset"]:
-            return  # re-delivered marker; its reports went out before
         if kind == TICK:
-            try:
-                tick = decode_tick(value or b"")
-                check_marker_time(tick, interval, timestamp_ms)
-            except BadRecord as exc:
-                sent.append(await reject(exc.reason, partition, offset, value))
-            else:
-                # What the records before the marker did is in the changelog before the
-                # tick's reports leave (export and inspection see a consistent state).
-                await stage1_table.flush(delivered=True)
-                owned = users_of_partition(users, partition, partitions)
-                for report in stage1.close_tick(pstate, partition, tick, owned):
-                    sent.append(
-                        await stage2_topic.send(
-                            key=report.statistic.encode(), value=orjson.dumps(report.to_json())
-                        )
+            if driver1.is_redelivered(pstate, offset):
+                return  # its reports went out before
+            # What the records before the marker did is in the changelog before the
+            # tick's reports leave (export and inspection see a consistent state).
+            await stage1_table.flush(delivered=True)
+            reports, rejected = driver1.on_marker(pstate, users, partition, value, timestamp_ms)
+            for report in reports:
+                sent.append(
+                    await stage2_topic.send(
+                        key=report.statistic.encode(), value=orjson.dumps(report.to_json())
                     )
-        else:
-            try:
-                events, bad = decode_events(value, kind, limits)
-            except BadRecord as exc:
-                events, bad = [], [(None, exc.reason)]
-            routed = owned_by(events, partition, partitions)
-            if len(routed) < len(events):
-                # A user's events must all land on one partition, or its contribution
-                # bound would be split across stage-1 states.
-                bad += [(None, "misrouted: user_id does not hash to this partition")] * (
-                    len(events) - len(routed)
                 )
+        else:
+            events, rejected = driver1.decode(value, kind, partition)
             if stage1_table.full:
                 await stage1_table.flush()
                 pstate = stage1_table.get(pkey) or pstate
-            stage1.add_events(pstate, users, routed, offset, partition)
-            if offset > pstate["last_offset"]:  # a re-delivered record was dead-lettered before
-                for index, reason in bad:
-                    sent.append(await reject(reason, partition, offset, value, index))
+            rejected = driver1.on_events(pstate, users, partition, offset, events, rejected)
+        for index, reason in rejected:
+            sent.append(await reject(reason, partition, offset, value, index))
         await acknowledged(sent)
-        pstate["last_offset"] = max(pstate["last_offset"], offset)
+        driver1.done(pstate, offset)
         entries[pkey] = pstate
 
     @app.agent(input_topic, name="stage1")
@@ -234,17 +212,16 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     ) -> None:
         report = Report.from_json(orjson.loads(value))
         sstate = stage2_state.get(report.statistic) or Stage2.new_state()
-        last = sstate["reported"].get(str(report.partition))
-        if not in_gap and last is not None and report.from_tick > last + 1:
+        start = None if in_gap else driver2.missing_reports(sstate, report)
+        if start is not None:
             # A report of this statistic and stage-1 partition went missing: the same
             # consumer holes as in stage 1 (fill_gap). Read the stage-2 partition since
             # this statistic's last report and process what is there first.
-            start = sstate.get("offset", -1) + 1
             log.warning(
                 "stage 2, %s: reports after tick %s missing; reading stage-2 partition %s "
                 "offsets %s-%s directly",
                 report.statistic,
-                last,
+                sstate["reported"][str(report.partition)],
                 partition,
                 start,
                 offset - 1,
@@ -254,7 +231,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                 await handle_report(partition, at, earlier, in_gap=True)
             sstate = stage2_state.get(report.statistic) or sstate
         try:
-            releases, ledger = stage2.on_report(sstate, report)
+            releases, ledger = driver2.on_report(sstate, report)
         except StatisticChanged as exc:
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
@@ -266,7 +243,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             topic = release_topics[report.statistic]
             sent.append(await topic.send(key=key, value=orjson.dumps(release)))
         await acknowledged(sent)
-        sstate["offset"] = max(sstate.get("offset", -1), offset)  # where a gap read starts
+        driver2.done(sstate, offset)
         stage2_state[report.statistic] = sstate
 
     @app.agent(stage2_topic, name="stage2")

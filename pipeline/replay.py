@@ -19,20 +19,23 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
-from .records import BATCH, BadRecord, Event, decode_events, decode_tick, partition_for
-from .stages import Stage1, Stage2, users_of_partition
-from .worker_support import limits_for
+from .drivers import Stage1Driver, Stage2Driver
+from .records import BATCH, Event, partition_for
+from .stages import Stage1, Stage2
 
 
 def replay(
     cfg: PipelineConfig, lines: Iterable[bytes], noise: NoiseSource, rejected: list | None = None
 ) -> Iterator[dict]:
-    """Yield every release (in order) that the pipeline would publish for this log."""
-    limits = limits_for(cfg)
+    """Yield every release (in order) that the pipeline would publish for this log.
+
+    The worker's drivers (``drivers.py``) over the log: line numbers are the offsets,
+    every partition sees every marker, and each line's events go to their users'
+    partitions (the log is not partitioned, so nothing is misrouted)."""
     # The input's partitions, as in the worker: a continual mean splits its user cap
     # and packs its median arrays per partition (every other kind merely adds up).
     partitions = cfg.input.partitions
-    stage1, stage2 = Stage1(cfg), Stage2(cfg, noise, partitions)
+    driver1, driver2 = Stage1Driver(cfg), Stage2Driver(cfg, noise, partitions)
     users: dict[str, dict] = {}
     pstates = [Stage1.new_partition_state() for _ in range(partitions)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
@@ -42,30 +45,26 @@ def replay(
             continue
         try:
             obj = orjson.loads(line)
-            if isinstance(obj, dict) and "tick" in obj and "user_id" not in obj:
-                tick = decode_tick(line)
-                for p, pstate in enumerate(pstates):
-                    entries = users_of_partition(users, p, partitions)
-                    for report in stage1.close_tick(pstate, p, tick, entries):
-                        releases, _ = stage2.on_report(sstates[report.statistic], report)
-                        yield from releases
-                continue
-            kind = BATCH if isinstance(obj, list) else None
-            events, bad = decode_events(line, kind, limits)
         except orjson.JSONDecodeError:
-            bad = [(0, "malformed JSON")]
-            events = []
-        except BadRecord as exc:
-            bad = [(0, exc.reason)]
-            events = []
-        if rejected is not None:
-            rejected.extend((lineno, index, reason) for index, reason in bad)
+            obj = None
+        if isinstance(obj, dict) and "tick" in obj and "user_id" not in obj:
+            for p, pstate in enumerate(pstates):
+                reports, bad = driver1.on_marker(pstate, users, p, line, None)
+                driver1.done(pstate, lineno)
+                if p == 0 and rejected is not None:
+                    rejected.extend((lineno, index or 0, reason) for index, reason in bad)
+                for report in reports:
+                    yield from driver2.on_report(sstates[report.statistic], report)[0]
+            continue
+        events, bad = driver1.decode(line, BATCH if isinstance(obj, list) else None, None)
         by_partition: dict[int, list[Event]] = {}
         for event in events:
             by_partition.setdefault(partition_for(event.user_id, partitions), []).append(event)
         for p, pstate in enumerate(pstates):
-            stage1.add_events(pstate, users, by_partition.get(p, []), lineno, p)
-            pstate["last_offset"] = lineno
+            out = driver1.on_events(pstate, users, p, lineno, by_partition.get(p, []), bad)
+            if p == 0 and rejected is not None:  # the line's dead letters, once
+                rejected.extend((lineno, index or 0, reason) for index, reason in out)
+            driver1.done(pstate, lineno)
 
 
 def replay_file(cfg: PipelineConfig, path: str, noise: NoiseSource) -> Iterator[bytes]:

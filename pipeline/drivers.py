@@ -1,0 +1,126 @@
+"""What each stage does with one record: the same code in the worker and in ``replay``.
+
+The Faust agents (``app.py``) read records, call these drivers, send what they return and
+store the states once the broker has acknowledged it; ``replay.py`` calls the same drivers
+over a log. Neither decides anything the drivers decide: which marker is a re-delivery,
+which bad event is dead-lettered (once), where a consumer skipped records, what a report
+closes. No Kafka here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+from dpstream.config.schema import PipelineConfig
+from dpstream.operators.noise import NoiseSource
+
+from .records import BadRecord, Event, check_marker_time, decode_events, decode_tick, owned_by
+from .stages import Stage1, Stage2, users_of_partition
+from .statistic import Report
+from .worker_support import limits_for
+
+Rejected = tuple[int | None, str]
+"""A dead letter: the event's index in its envelope (None: the whole record) and why."""
+
+MISROUTED = "misrouted: user_id does not hash to this partition"
+
+
+class Stage1Driver:
+    """Stage 1, one input record at a time, over one partition's state and users."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.stage1 = Stage1(cfg)
+        self.limits = limits_for(cfg)
+        self._partitions = cfg.input.partitions
+        self._interval = cfg.ticks.interval_seconds
+
+    @staticmethod
+    def skipped(pstate: dict, offset: int) -> tuple[int, int] | None:
+        """Offsets [start, end) before ``offset`` the consumer never handed over (Faust can
+        leave a hole at a rebalance): they must be processed first."""
+        last = pstate["last_offset"]
+        return (last + 1, offset) if 0 <= last < offset - 1 else None
+
+    @staticmethod
+    def is_redelivered(pstate: dict, offset: int) -> bool:
+        return offset <= pstate["last_offset"]
+
+    def decode(
+        self, value: bytes | None, kind: bytes | None, partition: int | None
+    ) -> tuple[list[Event], list[Rejected]]:
+        """A record's good events and its dead letters. With a ``partition``, an event
+        whose user hashes elsewhere is dead-lettered: a user's events must all land on
+        one partition, or its contribution bound would be split across stage-1 states."""
+        try:
+            events, bad = decode_events(value, kind, self.limits)
+        except BadRecord as exc:
+            return [], [(None, exc.reason)]
+        rejected: list[Rejected] = list(bad)
+        if partition is not None:
+            routed = owned_by(events, partition, self._partitions)
+            rejected += [(None, MISROUTED)] * (len(events) - len(routed))
+            events = routed
+        return events, rejected
+
+    def on_events(
+        self,
+        pstate: dict,
+        users: MutableMapping[str, dict],
+        partition: int,
+        offset: int,
+        events: list[Event],
+        rejected: list[Rejected],
+    ) -> list[Rejected]:
+        """Count record ``offset``'s events; return the dead letters still to send (none
+        for a re-delivered record: they went out the first time)."""
+        fresh = not self.is_redelivered(pstate, offset)
+        self.stage1.add_events(pstate, users, events, offset, partition)
+        return rejected if fresh else []
+
+    def on_marker(
+        self,
+        pstate: dict,
+        users: MutableMapping[str, dict],
+        partition: int,
+        value: bytes | None,
+        timestamp_ms: int | None,
+    ) -> tuple[list[Report], list[Rejected]]:
+        """Close the marker's tick (call only for a marker that is not re-delivered):
+        its reports, or the marker's dead letter."""
+        try:
+            tick = decode_tick(value or b"")
+            check_marker_time(tick, self._interval, timestamp_ms)
+        except BadRecord as exc:
+            return [], [(None, exc.reason)]
+        owned = users_of_partition(users, partition, self._partitions)
+        return self.stage1.close_tick(pstate, partition, tick, owned), []
+
+    @staticmethod
+    def done(pstate: dict, offset: int) -> None:
+        """Record ``offset`` is applied (after its outputs were acknowledged)."""
+        pstate["last_offset"] = max(pstate["last_offset"], offset)
+
+
+class Stage2Driver:
+    """Stage 2, one report at a time, over one statistic's state."""
+
+    def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
+        self.stage2 = Stage2(cfg, noise, partitions)
+
+    @staticmethod
+    def missing_reports(sstate: dict, report: Report) -> int | None:
+        """The stage-2 offset to read from when reports of this statistic and stage-1
+        partition went missing before ``report`` (a consumer hole), else None."""
+        last = sstate["reported"].get(str(report.partition))
+        if last is not None and report.from_tick > last + 1:
+            return sstate.get("offset", -1) + 1
+        return None
+
+    def on_report(self, sstate: dict, report: Report) -> tuple[list[dict], list[dict]]:
+        """(releases, ledger entries) of every tick ``report`` closes."""
+        return self.stage2.on_report(sstate, report)
+
+    @staticmethod
+    def done(sstate: dict, offset: int) -> None:
+        """Report ``offset`` is applied: where a later gap read starts."""
+        sstate["offset"] = max(sstate.get("offset", -1), offset)
