@@ -20,10 +20,10 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
+from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
 from .drivers import Stage1Driver, Stage2Driver
-from .faust_fixes import seek_uncommitted_to_beginning
 from .kafka_security import faust_credentials
 from .records import (
     HEADER,
@@ -43,8 +43,8 @@ class HoleUnread(RuntimeError):
     """Records the consumer skipped could not be read directly (the worker stops)."""
 
 
-def broker_urls(bootstrap: str) -> list[str]:
-    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
+def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
+    return [f"{scheme}://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
 
 
 def dead_letter(
@@ -67,10 +67,11 @@ def dead_letter(
 def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
     """Build the worker's Faust app for one pipeline definition."""
     partitions = cfg.input.partitions
-    seek_uncommitted_to_beginning({cfg.input.topic, cfg.stage2_topic})
+    # Faust's internals we depend on: versions checked, our transport (faust_compat).
+    faust_compat.install()
     app = faust.App(
         cfg.app_id,
-        broker=broker_urls(bootstrap),
+        broker=broker_urls(bootstrap, faust_compat.SCHEME),
         store="memory://",
         datadir=str(datadir),
         web_enabled=False,

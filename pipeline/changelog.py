@@ -41,6 +41,8 @@ from typing import Any
 import faust
 import orjson
 
+from .faust_compat import aiokafka_producer, memory_store, send_first_on_flush
+
 log = logging.getLogger(__name__)
 
 # Bytes a record adds to a v2 record batch besides its key and value (length, attributes,
@@ -93,12 +95,8 @@ class BatchedTable:
         self._window = ChangelogWindow(max_window_bytes)
         self._lock = asyncio.Lock()
 
-    @property
-    def _store(self) -> Any:
-        return self._table.data  # faust.stores.memory.Store, created lazily by Faust
-
     def get(self, key: str, default: Any = None) -> Any:
-        return self._store.data.get(key, default)
+        return memory_store(self._table)[0].get(key, default)
 
     @property
     def full(self) -> bool:
@@ -111,7 +109,7 @@ class BatchedTable:
         """Send the windows. Their delivery is awaited by the producer's flush before a
         commit, or here with ``delivered``."""
         async with self._lock:
-            producer = self._app.producer._ensure_producer()  # Faust's aiokafka producer
+            producer = aiokafka_producer(self._app)
             topic = self._table.changelog_topic.get_topic_name()
             sent = []
             for partition, entries in self._window.take():
@@ -143,21 +141,8 @@ class BatchedTable:
 
     def install(self) -> None:
         """Make every producer flush (before a commit, at a rebalance, at shutdown) send
-        the window first and then wait until Faust's own send buffer is empty.
-
-        Faust's ``ProducerBuffer.flush`` gives up after 0.1 s without a send
-        (``flush_atmost``, faust-streaming 0.15.3), so offsets were committed while table
-        changelog writes of the committed records still sat in the buffer, and a crash
-        lost them for good; the loop waits for them (docs/reliability.md).
-        """
-        buffer = self._app.producer.buffer
-
-        async def flush() -> None:
-            await self.flush()
-            while buffer.size:
-                await buffer.flush_atmost(None)
-
-        buffer.flush = flush  # type: ignore[method-assign]
+        the window first and wait for Faust's own buffer (``send_first_on_flush``)."""
+        send_first_on_flush(self._app, self.flush)
 
 
 class PartitionEntries(MutableMapping[str, dict]):
@@ -167,9 +152,7 @@ class PartitionEntries(MutableMapping[str, dict]):
     ``__setitem__`` go straight to the store: stage 1 calls them per user per record."""
 
     def __init__(self, table: BatchedTable, partition: int, prefix: str = "") -> None:
-        store = table._store
-        self._data: dict[str, Any] = store.data
-        self._key_partition: dict[str, int] = store._key_partition
+        self._data, self._key_partition = memory_store(table._table)
         self._window, self._partition, self._prefix = table._window, partition, prefix
 
     def __getitem__(self, key: str) -> dict:

@@ -802,7 +802,7 @@ def test_two_workers_one_dies_the_survivor_takes_over(bootstrap, tmp_path):
     Around these rebalances Faust handed the agents partitions with holes (records
     fetched, cleared at the rebalance, and not fetched again): 17 to 87 users lost
     units in about half of the runs. Stage 1 now reads a hole directly (app.fill_gap)
-    and seeks uncommitted partitions to their beginning (faust_fixes.py)."""
+    and seeks uncommitted partitions to their beginning (faust_compat/transport.py)."""
     key = np.random.default_rng(9).bytes(32).hex()
     env = {KEY_ENV: key, **FAST_REJOIN}
     data = unique_names(pipeline_config({"mode": "keyed", "key_env": KEY_ENV}))

@@ -1,0 +1,94 @@
+"""pipeline/faust_compat, one test per piece of Faust or aiokafka internals we rely on."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import faust
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from dpstream.config.schema import parse_config
+from dpstream.operators.noise import ZeroNoise
+from dpstream.pipeline import faust_compat
+from dpstream.pipeline.app import create_app
+from dpstream.pipeline.faust_compat import transport
+
+
+def test_the_versions_it_was_written_for_are_checked():
+    faust_compat.check_versions()  # the pinned ones are installed
+    with pytest.raises(faust_compat.FaustVersionError) as info:
+        faust_compat.check_versions({"faust-streaming": "0.15.3", "aiokafka": "0.13.0"})
+    assert "written for aiokafka 0.14.0, faust-streaming 0.15.3; found aiokafka 0.13.0" in str(
+        info.value
+    )
+
+
+def test_only_the_workers_app_gets_the_fixed_transport(tmp_path):
+    cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
+                        "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
+    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    assert type(app.transport) is transport.Transport
+    assert app.transport.Consumer is transport.Consumer
+    assert (
+        transport.Consumer._new_consumer_thread is not faust_aiokafka.Consumer._new_consumer_thread
+    )
+    # A plain Faust app in the same process keeps Faust's own transport: no global patch.
+    plain = faust.App("plain", broker="kafka://127.0.0.1:9")
+    assert type(plain.transport) is faust_aiokafka.Transport
+    assert AIOKafkaConsumer.seek_to_committed.__module__.startswith("aiokafka")
+
+
+def test_uncommitted_stream_partitions_seek_to_their_beginning(monkeypatch):
+    events, changelog = TopicPartition("events", 0), TopicPartition("app-stage1-changelog", 0)
+    resumed = TopicPartition("events", 1)
+
+    async def committed(self, *partitions):
+        return {events: None, changelog: None, resumed: 17}
+
+    monkeypatch.setattr(AIOKafkaConsumer, "seek_to_committed", committed)
+
+    class Recorder:
+        seeks: list = []
+
+        def seek(self, tp, offset):
+            self.seeks.append((tp, offset))
+
+    consumer = Recorder()
+    out = asyncio.run(transport.seek_uncommitted_to_beginning(consumer, {"app-stage1-changelog"}))
+    assert out == {events: None, changelog: None, resumed: 17}
+    assert consumer.seeks == [(events, 0)]  # not the changelog, not a committed partition
+
+
+def test_a_producer_flush_sends_the_windows_first_and_waits_for_the_buffer():
+    # What Faust's ProducerBuffer offers and the hook uses.
+    real = faust.App("flush-test", broker="kafka://127.0.0.1:9").producer.buffer
+    assert callable(real.flush_atmost) and real.size == 0
+    order: list[str] = []
+
+    class Buffer:  # two sends pending, one leaves per flush_atmost
+        size = 2
+
+        async def flush_atmost(self, n):
+            order.append(f"buffer {n}")
+            self.size -= 1
+
+    app = SimpleNamespace(producer=SimpleNamespace(buffer=Buffer()))
+
+    async def send():
+        order.append("windows")
+
+    faust_compat.send_first_on_flush(app, send)
+    asyncio.run(app.producer.buffer.flush())
+    assert order == ["windows", "buffer None", "buffer None"]
+
+
+def test_a_memory_table_exposes_its_entries_and_key_partitions():
+    app = faust.App("store-test", broker="kafka://127.0.0.1:9", store="memory://")
+    table = app.Table("t", partitions=2, key_type=str)
+    data, key_partition = faust_compat.memory_store(table)
+    data["k"] = {"v": 1}
+    key_partition["k"] = 1
+    assert table.data.data["k"] == {"v": 1} and table.data._key_partition == {"k": 1}
