@@ -15,8 +15,8 @@ tree counters all ask this module.
   sensitivity doubles (:func:`sensitivity_multiplier`).
 * ``public_counts``: who sent how many events when is public; only values are protected.
   The continual mean (George, Ramesh, Singh, Tyagi, "Continual Mean Estimation Under
-  User-Level Privacy", section 1: the algorithms use un-noised arrival counts) and the
-  per-cell mean mechanisms of Jiang et al. (arXiv:2401.15906, section II: a public count
+  User-Level Privacy", arXiv:2212.09980: Algs. 4-6 use un-noised arrival counts) and the
+  per-cell mean mechanisms of Rameshwar et al. (arXiv:2405.06261, Sec. II-D: a public count
   matrix) are private under this relation only, and their releases carry exact counts.
 
 A whole-user statistic protects exactly what a public-counts statistic publishes, so the
@@ -52,7 +52,7 @@ WHOLE_USER = "whole_user"
 ANY_SUBSET = "any_subset"
 PUBLIC_COUNTS = "public_counts"
 
-# Kinds whose guarantee treats arrivals as public (George et al., section 1).
+# Kinds whose guarantee treats arrivals as public (George et al. Algs. 4-6).
 _PUBLIC_ARRIVAL_KINDS = frozenset({"mean"})
 
 
