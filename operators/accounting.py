@@ -296,7 +296,14 @@ def fingerprint(parameters: Mapping[str, Any]) -> str:
 
     ``parameters`` holds everything that shapes the statistic's noise or sensitivity, so
     two statistics share a fingerprint only if they would draw the same noise for the same
-    data; noise derived from it is never shared by different parameter sets.
+    data; noise derived from it is never shared by different parameter sets. It is stable:
+    the ledger stores it, so the same parameters must give the same value in every release.
+
+    Example:
+        >>> fingerprint({"tau": 4, "epsilon": "1/2"}) == fingerprint({"epsilon": "1/2", "tau": 4})
+        True
+        >>> fingerprint({"epsilon": "1/2", "tau": 4})
+        '56cf3790cab0239e53ca7d2138b2980f'
     """
     canonical = orjson.dumps(dict(parameters), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(b"dpstream/statistic/v1\0" + canonical).hexdigest()[:32]

@@ -114,6 +114,10 @@ def dyadic_decomposition(r: int, R: int) -> tuple[Bin, ...]:  # noqa: N803
     and [6, 8] = [6,6] u [7,8]. At most log2 R blocks (one per level below the top,
     or the single top block when r = 1).
 
+    Example:
+        >>> dyadic_decomposition(2, 8)  # (level, bin): [2,2], [3,4], [5,8]
+        ((1, 2), (2, 2), (3, 2))
+
     Args:
         r: left end, 1 <= r <= R (r = R + 1 gives the empty decomposition).
         R: domain size, a power of two >= 2.

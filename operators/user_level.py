@@ -244,7 +244,14 @@ def tracker_spent_beta(spec: UserLevelSpec, svts: int) -> Fraction:
 
 
 def rank_band(rank: int) -> int:
-    """Band of rank c >= 1: 0 for c = 1, b for c in (2^(b-1), 2^b]."""
+    """Band of rank c >= 1: 0 for c = 1, b for c in (2^(b-1), 2^b].
+
+    Example:
+        >>> [rank_band(c) for c in range(1, 10)]
+        [0, 1, 2, 2, 3, 3, 3, 3, 4]
+        >>> [band_range(b) for b in range(4)]
+        [(1, 1), (2, 2), (3, 4), (5, 8)]
+    """
     _validate.check_int_ge("rank", rank, 1)
     return (rank - 1).bit_length()
 
@@ -260,6 +267,10 @@ def band_units(before: int, units: int) -> list[tuple[int, int]]:
 
     A sum item x of a user whose running sum was ``before`` (Sec. IV-A); a count item is
     ``band_units(c_u, 1)``.
+
+    Example:
+        >>> band_units(3, 6)  # positions 4..9: 4 in band 2, 5..8 in band 3, 9 in band 4
+        [(2, 1), (3, 4), (4, 1)]
 
     Returns:
         [(band, units in it), ...] in increasing band order, units > 0 each.
