@@ -31,6 +31,7 @@ def admit(spec: TruncationSpec, used: int, weight: int = 1) -> int:
     """Units of a ``weight``-unit item kept for a user who has already sent ``used`` units.
 
     A count item has weight 1; a batched sum item keeps ``clip(tau - used, 0, weight)``
-    units, so the item that straddles tau is kept partly (Dong-Luo-Yi Sec. IV-A).
+    units, so the item that straddles tau is kept partly (our batched form of
+    Dong-Luo-Yi Sec. IV-A, whose unit sub-steps it reproduces).
     """
     return min(max(spec.tau - used, 0), weight)

@@ -18,7 +18,7 @@ the units it saw split by RANK BAND:
 * a count or histogram item of rank c = the user's new c_u lies in band ``rank_band(c)``;
 * a sum item x of a user with running sum S before it occupies unit positions S+1..S+x,
   split over the bands those positions fall in (``band_units``), so an item straddling a
-  power of two splits exactly: the partial clipping of Sec. IV-A at tau = 2^i.
+  power of two splits exactly: the partial clipping of our batched Sec. IV-A at tau = 2^i.
 
 ``bands[b][r]`` is this tick's units in band b and bin r. Truncate(D, 2^i) keeps exactly
 the units of bands 0..i. This module keeps, for every node of the tree (completed-period
