@@ -195,7 +195,7 @@ dict.
 {table}
 
 "Live noise values" = nodes whose noise the release at t uses (period totals included);
-spec 002 Lemma 4.12 bounds the tree part by h(k−1)/2 for Alg. 2 (k = 19, t = 10^6:
+Andersson-Pagh-Torkamani Lemma 4.12 bounds the tree part by h(k−1)/2 for Alg. 2 (k = 19, t = 10^6:
 h = 6 in the current period, bound 54, plus 5 period totals). The state stays O(1) for
 the k-ary counters (t and the exact sum; no noise is stored) and O(log t) for the binary
 one (exact node counts).

@@ -165,7 +165,7 @@ class Neighbours(StrEnum):
     # Neighbouring streams differ by all events of one user (the paper's constants).
     whole_user = "whole_user"
     # Neighbours may drop ANY subset of one user's events; truncation then moves up to
-    # 2*tau leaf units (spec 001, pitfall P1), so the per-level sensitivity doubles.
+    # 2*tau leaf units (Dong-Luo-Yi Alg. 3; docs/papers.md), so the per-level sensitivity doubles.
     any_subset = "any_subset"
 
 
@@ -189,7 +189,7 @@ def _check_interval(lower: float, upper: float) -> None:
 
 
 class MeanConfig(_Model):
-    """kind mean: the continual mean of spec 000 Alg. 6 (user-level, pure epsilon-DP).
+    """kind mean: the continual mean of George et al. Alg. 6 (user-level, pure epsilon-DP).
 
     Values are clipped to [lower, upper] (and counted). ``max_users`` (n) and
     ``max_samples_per_user`` (m) are declared caps: the noise is calibrated to them, and a
@@ -217,18 +217,18 @@ _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 class CellConfig(_Model):
-    """kind cell_mean: a user-level mean per cell = (cell key, slot), spec 003.
+    """kind cell_mean: a user-level mean per cell = (cell key, slot), Rameshwar et al.
 
     An event's cell key is its attribute ``field`` (a string, e.g. an H3 index); its slot
     is ``tick // slot_ticks``. The statistic's ``epsilon`` is what one cell release costs
     each user it keeps; ``epoch_cap`` (B) is the most one user may lose through this
     statistic in one accounting epoch of ``epoch_slots`` slots (operators.cell_accountant).
 
-    ``counts_public: false`` (default, spec 003 section 5.6 strict mode): add/remove-user
+    ``counts_public: false`` (default, our strict mode, docs/papers.md): add/remove-user
     neighbours; only ``noisy_ratio`` with a ``contribution_cap``, no Clip-User, and the
     public cell domain ``keys`` is released in every slot, empty or not (which cells have
-    data is itself private). ``counts_public: true``: the paper's model (spec 003
-    section 1), where who is in which cell and how often is public and only values are
+    data is itself private). ``counts_public: true``: the paper's model (Rameshwar
+    et al. Sec. II-D), where who is in which cell and how often is public and only values are
     protected; every mechanism, Clip-User and ``on_cap: skip_cell`` become available.
     """
 
@@ -287,8 +287,8 @@ class CellConfig(_Model):
             if self.mechanism != "noisy_ratio":
                 raise ValueError(
                     f"counts_public: mechanism {self.mechanism} treats who is in which cell as "
-                    "public (spec 003 section 1); set counts_public: true, or use noisy_ratio "
-                    "(strict mode, section 5.6)"
+                    "public (Rameshwar et al. Sec. II-D); set counts_public: true, or use "
+                    "noisy_ratio (strict mode)"
                 )
             if self.clip_user:
                 raise ValueError("clip_user: needs counts_public: true (it reads all counts)")
@@ -388,13 +388,13 @@ class StatisticConfig(_Model):
     # in [1, bins] (max, median or an integer k); distinct: distinct event values.
     kind: Kind = "count"
     epsilon: float = Field(gt=0)
-    # auto: the user-level mechanism (spec 001 Alg. 5): no contribution bound to guess;
+    # auto: the user-level mechanism (Dong-Luo-Yi Alg. 5): no contribution bound to guess;
     # an SVT tracker finds it. An integer: fixed truncation (Alg. 3), count and sum only.
     tau: int | Literal["auto"] = "auto"
-    # User-level (tau: auto) parameters, spec 001 sections 2.4-2.6 and 2.13.
+    # User-level (tau: auto) parameters, Dong-Luo-Yi Algs. 4-5 and App. C-A.
     beta: float = Field(0.1, gt=0, lt=1)
     theta: float = Field(1.0, gt=0, le=4)
-    practical: bool = True  # tracker starts at tau = 64 with the shifted series (2.6)
+    practical: bool = True  # tracker starts at tau = 64 with the shifted series (App. C-A)
     practical_instances: bool = False  # the shifted series for the instances too
     max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R
     bins: int | None = Field(None, ge=1, le=4096)  # histogram, kselect: R
@@ -403,19 +403,20 @@ class StatisticConfig(_Model):
     # Opt-in: the release is then no longer <= the true k-th with probability >= 1 - beta.
     halve_margin: bool = False
     # Events with "op": "delete" form a second stream; count, sum and histogram release
-    # F_ins - F_del, each at epsilon / 2 (spec 001 section 2.11).
+    # F_ins - F_del, each at epsilon / 2 (Dong-Luo-Yi Sec. VI).
     deletions: bool = False
-    # binary: spec 001 2.2; kary / kary_subtract: spec 002 (k-ary tree, with balanced
-    # negative digits); expiring: spec 004 Alg. 3 (lambda, delay B); auto: the tree with
-    # the least exact MSE over horizon_ticks (choosing costs no privacy).
+    # binary: Dong-Luo-Yi Alg. 2; kary / kary_subtract: Andersson-Pagh-Torkamani (k-ary
+    # tree, with balanced negative digits); expiring: Andersson et al. (expiration) Alg. 3
+    # (lambda, delay B); auto: the tree with the least exact MSE over horizon_ticks
+    # (choosing costs no privacy).
     mechanism: Mechanism = "binary"
     k: int | None = Field(None, ge=2, le=1024)
     lam: float | None = Field(None, alias="lambda", ge=0, le=16)
-    delay: int = Field(0, ge=0, description="spec 004's B: no privacy loss for B steps")
+    delay: int = Field(0, ge=0, description="the delay B: no privacy loss for B steps")
     horizon_ticks: int | None = Field(None, ge=1)
-    # kind mean: its bounds and caps (spec 000).
+    # kind mean: its bounds and caps (George et al.).
     mean: MeanConfig | None = None
-    # kind cell_mean: cells, slots, mechanism and the epoch cap (spec 003).
+    # kind cell_mean: cells, slots, mechanism and the epoch cap (Rameshwar et al.).
     cells: CellConfig | None = None
     # Count only events whose ``key`` equals this; None counts every event.
     key: str | None = None
@@ -443,7 +444,7 @@ class StatisticConfig(_Model):
 
     @property
     def user_level(self) -> bool:
-        """The contribution bound is tracked privately (spec 001 Alg. 5), not configured."""
+        """The contribution bound is tracked privately (Dong-Luo-Yi Alg. 5), not configured."""
         return self.tau == "auto" and not self.user_state
 
     @property
@@ -493,11 +494,11 @@ class StatisticConfig(_Model):
         if not self.user_level and kind not in ("count", "sum"):
             raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: count and sum)")
         if self.user_level and self.mechanism != "binary":
-            raise ValueError("mechanism: tau: auto runs spec 001's binary tree; use binary")
+            raise ValueError("mechanism: tau: auto runs Dong-Luo-Yi's binary tree; use binary")
         if not self.user_level and (self.deletions or self.practical_instances):
             raise ValueError("deletions: only with tau: auto")
         if self.deletions and kind in ("distinct", "kselect"):
-            # Distinct count with deletions is open (spec 001 section 2.11).
+            # Distinct count with deletions is open (Dong-Luo-Yi Sec. VI).
             raise ValueError(f"deletions: not supported for kind {kind}")
         return self
 
@@ -514,7 +515,7 @@ class StatisticConfig(_Model):
         if m in ("kary", "kary_subtract") and self.k is None:
             raise ValueError(f"k: required for mechanism {m}")
         if m == "kary_subtract" and self.k is not None and self.k < 3:
-            # Odd k: spec 002 Alg. 2; even k: its App. A.3 variant.
+            # Odd k: Andersson-Pagh-Torkamani Alg. 2; even k: its App. A.3 variant.
             raise ValueError(f"k: must be >= 3 for kary_subtract, got {self.k}")
         if m not in ("kary", "kary_subtract") and self.k is not None:
             raise ValueError(f"k: only applies to kary and kary_subtract, not {m}")

@@ -1,4 +1,5 @@
-"""Spec 003's four figures on its stand-in count vector: user-level mean error against epsilon.
+"""Rameshwar et al.'s four figures on our stand-in count vector: user-level mean error
+against epsilon.
 
 Writes ``docs/cell-means.md`` (tables, trend checks, choices) and
 ``docs/img/cell-means-fig{1,2,3,4}.png``. Every number comes from the real operators
@@ -7,17 +8,17 @@ noise source ``KeyedNoise``: one fixed experiment key, and one public cell id pe
 (``"cell-means", dataset, mechanism, epsilon, run``), so the whole experiment is
 reproducible and every run's noise is an independent keyed draw.
 
-Data (spec 003 §4): the stand-in count vector (217 users, 17,166 samples, max 417, min 1),
-U = 65 km/h [C], values on a 0.01 km/h grid.
+Data (the paper's Sec. IV): our stand-in count vector (217 users, 17,166 samples, max 417, min 1),
+U = 65 km/h (our choice), values on a 0.01 km/h grid.
 
-* ``itms``: the ITMS stand-in of Figs 1-2, non-i.i.d. [C]: user means
+* ``itms``: the ITMS stand-in of Figs 1-2, non-i.i.d. (our choice): user means
   mu_l ~ N(mu, sigma_b^2), sigma_b = 5, values N(mu_l, sigma^2 - sigma_b^2) clipped to [0, U],
   with mu = 20.66769 and sigma^2 = 115.135 (the paper's pooled moments).
-* ``itms_iid``: the same counts with i.i.d. values (spec 003's own sanity-check setting).
+* ``itms_iid``: the same counts with i.i.d. values (the setting of our reference simulation).
 * ``sample10``: sample scaling, every count times 10, i.i.d. values (Fig. 3).
 * ``user10``: user scaling, every user replicated 10 times, i.i.d. values (Fig. 4) [C: lambda].
 
-Protocol (spec 003 §4): epsilon in 0.5, 0.75, ..., 2; MAE = mean over runs of
+Protocol (the paper's Sec. IV-A): epsilon in 0.5, 0.75, ..., 2; MAE = mean over runs of
 |release - mu(C)|, mu(C) the pooled mean of all (snapped) samples of the dataset, which is
 fixed per dataset; runs per point from ``--runs`` (the paper uses 10^4).
 
@@ -436,21 +437,21 @@ def notes(points) -> str:
     levy_theory = 2 * 3 * s_s10["tau"] / (s_s10["K_bar (eq10)"] * 0.5)
     return f"""\
 * **Fig. 1, Array-Averaging.** The paper saw about the same error under both groupings;
-  here WrapAround is about twice as bad. With spec 003 §2.3's sensitivities the noise is
-  Lap(2U/(Kε)) under WrapAround against Lap(U/(K̄ε)) under BestFit, a ratio
+  here WrapAround is about twice as bad. With the sensitivities of the paper's Sec. III-C the
+  noise is Lap(2U/(Kε)) under WrapAround against Lap(U/(K̄ε)) under BestFit, a ratio
   2K̄/K = {wrap_ratio:.2f} at the median m_UB, and the noise dominates this mechanism's
   error here (its expected |noise| is at least {arr_share:.0%} of the measured MAE at every ε).
   The paper's curves would need Δ = U/K for WrapAround, which undercounts a user who
-  straddles two arrays (spec 003 pitfall 3); we keep the factor 2.
+  straddles two arrays (docs/papers.md); we keep the factor 2.
 * **Fig. 2.** The paper found the three clipping methods "very close"; here, at
   ε = {fmt_eps(low)}: {at_low} km/h. With K̄ = 164 the radius is τ = {tau:.1f} km/h, so
   Levy's interval can be 3τ = {3 * tau:.0f} km/h wide, near U = {U}, and its noise
-  2(b − a)/(K̄ε) then exceeds Array-Averaging's U/(K̄ε) (spec 003 §2.4: Levy gains only
+  2(b − a)/(K̄ε) then exceeds Array-Averaging's U/(K̄ε) (Sec. III-D: Levy gains only
   when b − a < U/2). Baseline is far worse, as in the paper.
 * **Figs 3 and 4** reproduce the paper's winners: Levy under sample scaling
   (τ = {structure("sample10")["tau"]:.2f} km/h at m_UB = 470, Prop IV.1), FixedQuantile then
   Array-Averaging under user scaling (K̄ = {s_user["K_bar (eq10)"]}).
-* **Spec 003's sanity numbers** (last section) came from 60 to 200 runs on its own data
+* **Our reference simulation's numbers** (last section) came from 60 to 200 runs on its own data
   draws ("expect ±10–20%"). Most entries agree within that spread. Levy under sample
   scaling at ε = 0.5 is higher here ({levy_s10:.2f} against 0.33); it matches the
   analytic noise 2·3τ/(K̄ε) = {levy_theory:.2f} km/h of an interval that [0, U] does not
@@ -460,7 +461,7 @@ def notes(points) -> str:
 """
 
 
-SPEC_SANITY = {  # spec 003 §4, MAE at eps = 0.5 / 1 / 2 (its own 200- or 60-run simulation)
+SPEC_SANITY = {  # our reference simulation, MAE at eps = 0.5 / 1 / 2 (200 or 60 runs)
     "itms_iid": {"Baseline": (3.16, 1.58, 0.79), "ArrAvg (median)": (0.85, 0.40, 0.24),
                  "ArrAvg (eq. 10)": (0.73, 0.40, 0.21), "Levy": (1.37, 0.77, 0.33),
                  "FixedQuantile": (0.72, 0.36, 0.18)},
@@ -480,7 +481,7 @@ def sanity_table(points) -> str:
             ours = " / ".join(f"{mae(points, name, label, e):.3f}" for e in SANITY_EPSILONS)
             theirs = " / ".join(f"{v:g}" for v in spec_values)
             rows.append([name, label, theirs, ours])
-    return md_table(["data", "mechanism", "spec 003 §4 (ε = 0.5 / 1 / 2)", "this run"], rows)
+    return md_table(["data", "mechanism", "reference (ε = 0.5 / 1 / 2)", "this run"], rows)
 
 
 def structure_table() -> str:
@@ -499,14 +500,14 @@ def structure_table() -> str:
 
 
 CHOICES = """\
-* **U = 65 km/h** (spec 003 §0: the paper never gives U), values on a 0.01 km/h grid
+* **U = 65 km/h** (the paper never gives U), values on a 0.01 km/h grid
   (6,500 units); the grid enters no sensitivity (U_units = U / g), it only bounds the
   snapping error by 0.005 km/h per value.
 * **Release lattice** Δ/1024: the mean's noise is exact discrete Laplace of scale 1024/ε′ on
   the lattice Δ/1024, i.e. Lap(Δ/ε′) sampled on a grid 1024 times finer than its scale;
   rounding error ≤ Δ/2048. Private interval and quantile choices are sampled exactly
   (`operators/exponential_mechanism.py`), bits from keyed discrete Laplace signs.
-* **Private quantile on a grid** (spec 003 §2.5 [C]): output = centres of the 0.01 km/h cells,
+* **Private quantile on a grid** (Sec. III-E; our choice): output = centres of the 0.01 km/h cells,
   rank groups weighted by their number of grid points (the continuous version's interval
   lengths); both ends independent, swapped if they cross; OptimizedQuantile's
   t = ⌈2/ε⌉ for both ends, level clamped at ½.
@@ -516,9 +517,9 @@ CHOICES = """\
   smallest m; m_UB ≤ min(m*, M_cap) with M_cap = 4096 stored values per (cell, user).
 * **User order** for grouping: non-increasing count, ties by ascending user id; a user's
   samples enter arrays in arrival order (here: the order they were drawn), never by value.
-* **ITMS stand-in** data: per-user means N(μ, 5²) and within-user sd √(σ² − 25) (spec 003 §4
-  suggests heterogeneity; σ_b = 5 is ours), clipped to [0, U]; Figs 3–4 use i.i.d. clipped
-  N(μ, σ²) as the paper's synthetic data. λ = 10 for both scalings.
+* **ITMS stand-in** data: per-user means N(μ, 5²) and within-user sd √(σ² − 25) (the paper's
+  non-i.i.d. data suggests heterogeneity; σ_b = 5 is ours), clipped to [0, U]; Figs 3–4 use
+  i.i.d. clipped N(μ, σ²) as the paper's synthetic data. λ = 10 for both scalings.
 * **MAE** against the pooled mean μ(C) of all (snapped) samples of the fixed dataset; one
   dataset per panel, noise redrawn per run (the paper's "10^4 independent runs").
 """
@@ -545,7 +546,7 @@ def main() -> None:
     checks = "\n".join(f"* {line}" for line in trend_checks(points))
     fig1_configs = [ARR_MED, WRAP["ArrAvg"], LEVY, WRAP["Levy"], FIXED_Q, WRAP["Quantile"]]
     se_pct = 100 / math.sqrt(args.runs)
-    doc = f"""# Per-cell user-level means: spec 003's figures on the stand-in counts
+    doc = f"""# Per-cell user-level means: Rameshwar et al.'s figures on our stand-in counts
 
 Generated by `experiments/cell_means.py`; regenerate with
 
@@ -560,7 +561,7 @@ Error bars in the figures are ±2 SE.
 
 ## Data and structure (counts only)
 
-Stand-in count vector of spec 003 §4 (217 users, 17,166 samples); U = 65 km/h.
+Our stand-in count vector for the paper's ITMS data (217 users, 17,166 samples); U = 65 km/h.
 `tau` is eq. (8) at K_bar(eq10), m_UB = eq10, γ = 0.2 (km/h); `mu` the pooled mean (km/h).
 
 {structure_table()}
@@ -603,7 +604,7 @@ The stand-in reproduces the paper's K = 160 and K_bar = 164 at the eq. (10) m_UB
 
 The released `std`/`ci95` describe the added noise only. The array mechanisms also carry a
 data-dependent bias (equal array weights, clipped samples, projection on [a, b]) that the
-paper does not bound (spec 003 §3). Mean signed error at ε = 2 (noise averages out):
+paper does not bound (its Sec. III). Mean signed error at ε = 2 (noise averages out):
 
 ITMS stand-in (non-i.i.d.):
 
@@ -613,14 +614,14 @@ User scaling:
 
 {bias_table(points, "user10", PLAN["user10"][0])}
 
-## Against spec 003's own sanity simulation
+## Against our reference simulation
 
-Spec 003 §4 reports a quick simulation (i.i.d. data, 200 runs for ITMS-shape, 60 per
-scaling, "expect ±10–20% Monte-Carlo noise"). Ours at ε = 0.5 / 1 / 2:
+A quick simulation we ran when specifying the mechanisms (i.i.d. data, 200 runs for
+ITMS-shape, 60 per scaling, "expect ±10–20% Monte-Carlo noise"). Ours at ε = 0.5 / 1 / 2:
 
 {sanity_table(points)}
 
-## Choices where spec 003 is silent
+## Choices where the paper is silent
 
 {CHOICES}
 """

@@ -1,4 +1,4 @@
-"""Reproduce Table 1 and the expiration curves of Andersson et al. 2024 (spec 004 section 5).
+"""Reproduce Table 1 and the expiration curves of Andersson et al. 2024 (Sec. 6, App. A).
 
 Every curve is calibrated to the same mean squared error, MSE = 1000 averaged over
 t = 1..T with the continuous Laplace variance 2 b^2 (as the paper does), and then compared
@@ -40,7 +40,7 @@ COMMAND = ".venv/bin/python experiments/expiration.py"
 TARGET_MSE = 1000
 PREFIX = ("experiment",)
 
-# Table 1 of the paper [READ]; the lambda / W column is spec 004's reconstruction.
+# Table 1 of the paper; the lambda / W column is our reconstruction (docs/papers.md).
 PAPER_ALG3 = {
     (10**3, 1): "0.1341",
     (10**3, 2): "0.05542",
@@ -58,7 +58,7 @@ PAPER_OPTIMAL = {
     (10**6, 127): ("6.973", "0.04488"),
     (10**6, 1023): ("4.413", "0.04589"),
 }
-# Spec 004 section 5, "expected plotted values" (T = 10^6) [OURS in the spec].
+# Our expected plotted values (T = 10^6), computed when we rebuilt the paper's Sec. 6.
 SPEC_CURVES = {
     "Alg 3, λ=1": ".195 .974 1.75 2.92 3.50 4.28 5.06",
     "Alg 3, λ=2": ".056 .508 1.75 4.52 7.17 10.6 15.6",
@@ -191,7 +191,7 @@ def curve_rows(eps: dict) -> list[str]:
         "|---|" + "---|" * (len(CURVE_DS) + 1),
     ]
     specs = {}
-    # The spec computed these with Table 1's rounded epsilons; so do we.
+    # The expected values used Table 1's rounded epsilons; so do we.
     for lam in (1, 2, 3):
         paper_eps = float(PAPER_ALG3[(10**6, lam)])
         specs[f"Alg 3, λ={lam}"] = (et.canonical_loss, alg3_spec(paper_eps, lam))
@@ -243,7 +243,7 @@ def small_t_rows() -> list[str]:
         "| ours, j ≤ T − d + 1 (the paper's finite-T curve) | "
         + " | ".join(f"{v:.4g}" for v in finite)
         + " |",
-        "| spec 004 §5 | 2.01 | 4.43 | 24.7 | 2.39 | 1.59 | 1.22 |",
+        "| expected | 2.01 | 4.43 | 24.7 | 2.39 | 1.59 | 1.22 |",
     ]
 
 
@@ -337,7 +337,7 @@ def main() -> None:
     discrete = discrete_rows(eps)
     plot(eps, pairs)
     elapsed = time.perf_counter() - start
-    doc = f"""# Privacy expiration: Table 1 and the expiration curves (spec 004)
+    doc = f"""# Privacy expiration: Table 1 and the expiration curves (Andersson et al.)
 
 Reproduction of Andersson, Henzinger, Pagh, Steiner, Upadhyay, *Continual Counting with
 Gradual Privacy Expiration* (NeurIPS 2024, arXiv:2406.03802), Table 1 and Figs 1(b)/2/3,
@@ -350,8 +350,8 @@ Regenerate (deterministic, took {elapsed:.0f} s):
 {COMMAND}
 ```
 
-Method (spec 004 §5): every curve is calibrated to MSE = 1000, the mean over t = 1..T of
-the noise variance, using the **continuous** Laplace variance 2b² as the paper does
+Method (the paper's Sec. 6 and App. A): every curve is calibrated to MSE = 1000, the mean
+over t = 1..T of the noise variance, using the **continuous** Laplace variance 2b² as the paper does
 (`mean_noise_variance(..., continuous=True)`; MSE ∝ 1/ε², so ε = √(MSE(ε=1)/1000)).
 Algorithm 3 runs with B = 0. Losses are absolute (ε·g(d)), d = τ − j + 1.
 
@@ -380,11 +380,11 @@ Both panels are log-log. Left (T = 10³, like Figs 2(b)/2(c)): Algorithm 3 for �
 3 against the baseline with W = 127, 1023 (solid: ε_past = ε_cur/10, dotted: our optimal
 ε_past).
 Algorithm 3's solid lines are the worst case over j of the canonical-decomposition cost
-(`canonical_loss`, what the paper plots; not monotone, see pitfall 9), its dashed lines
+(`canonical_loss`, what the paper plots; not monotone, see docs/papers.md), its dashed lines
 the Theorem 1.2 bound ε·g_λ(d) (`privacy_loss`, what the pipeline's accountant reports).
 The baseline's curve is its exact loss maximised over j (`round_restart.privacy_loss`).
 
-### Values at selected d, against spec 004 §5
+### Values at selected d, against our expected values
 
 {chr(10).join(curves)}
 
@@ -400,26 +400,26 @@ little below 2b², so at the calibrated ε the pipeline's actual MSE is below 10
 ## Notes and differences
 
 * Every Algorithm-3 and ratio-10 baseline ε of Table 1 is reproduced to 4 significant
-  digits. With Table 1's (rounded) ε, as the spec used, so is every cell of spec 004's
-  table of expected plotted values but one: baseline W = 127 with the paper's optimal
-  pair at d = 10 is 4 nodes × 6.973/7 = 3.9846, which the spec prints as 3.99 (double
-  rounding via 3.985). Likewise its 2.39 at T = 10³, d = 1000, W = 31 is E6's 2.38476.
+  digits. With Table 1's (rounded) ε, as our expected values used, so is every cell of
+  our table of expected plotted values but one: baseline W = 127 with the paper's optimal
+  pair at d = 10 is 4 nodes × 6.973/7 = 3.9846, which the table prints as 3.99 (double
+  rounding via 3.985). Likewise its 2.39 at T = 10³, d = 1000, W = 31 is 2.38476 exactly.
 * Our curves are the worst case over **all** j, the guarantee on an unbounded stream.
   The paper's finite-T curves only use j ≤ T − d + 1 (so τ ≤ T); the two agree except for
   d close to T, e.g. λ = 3 at T = d = 10³: 24.9 over all j, 24.74 with j = 1 only (the
-  spec's 24.7).
-* The optimal-fraction pairs of Fig 4 are not reproduced exactly (flat objective; spec
-  004 §5 reports the same), but the loss at d = T is.
+  table's 24.7).
+* The optimal-fraction pairs of Fig 4 are not reproduced exactly (flat objective; our
+  rebuild found the same), but the loss at d = T is.
 * Theorem 1.2's g_λ counts two intervals per level and is loose: the worst-case canonical
-  cost is 25–35% lower at d = 10³–10⁶ (pitfall 7). It is looser still against the
+  cost is 25–35% lower at d = 10³–10⁶. It is looser still against the
   exact likelihood ratio: the coupling may shift dyadic intervals that reach past τ − B
   (outputs after τ are not part of the guarantee), so the cheapest coupling is roughly
   one interval per level. The exact-likelihood tests in
   `tests/operators/test_expiring_tree.py` find halved noise landing exactly on g_λ (never
   above) in every case with τ ≤ 16, which is why they need a third of the noise to show
   that the check can fail. We keep g_λ as the reported bound (it is the proven one).
-* For λ = 3 the canonical decomposition is not the cheapest partition (pitfall 8); the
-  plotted curve follows the paper (canonical).
+* For λ = 3 the canonical decomposition is not the cheapest partition (small scales are
+  cheaper at level 0); the plotted curve follows the paper (canonical).
 """
     DOC.write_text(doc)
     print(doc)

@@ -15,8 +15,8 @@ tree counters all ask this module.
   sensitivity doubles (:func:`sensitivity_multiplier`).
 * ``public_counts``: who sent how many events when is public; only values are protected.
   The continual mean (George, Ramesh, Singh, Tyagi, "Continual Mean Estimation Under
-  User-Level Privacy", section 1: the algorithms use un-noised arrival counts) and the
-  per-cell mean mechanisms of Jiang et al. (arXiv:2401.15906, section II: a public count
+  User-Level Privacy", arXiv:2212.09980: Algs. 4-6 use un-noised arrival counts) and the
+  per-cell mean mechanisms of Rameshwar et al. (arXiv:2405.06261, Sec. II-D: a public count
   matrix) are private under this relation only, and their releases carry exact counts.
 
 A whole-user statistic protects exactly what a public-counts statistic publishes, so the
@@ -52,7 +52,7 @@ WHOLE_USER = "whole_user"
 ANY_SUBSET = "any_subset"
 PUBLIC_COUNTS = "public_counts"
 
-# Kinds whose guarantee treats arrivals as public (George et al., section 1).
+# Kinds whose guarantee treats arrivals as public (George et al. Algs. 4-6).
 _PUBLIC_ARRIVAL_KINDS = frozenset({"mean"})
 
 
@@ -296,7 +296,14 @@ def fingerprint(parameters: Mapping[str, Any]) -> str:
 
     ``parameters`` holds everything that shapes the statistic's noise or sensitivity, so
     two statistics share a fingerprint only if they would draw the same noise for the same
-    data; noise derived from it is never shared by different parameter sets.
+    data; noise derived from it is never shared by different parameter sets. It is stable:
+    the ledger stores it, so the same parameters must give the same value in every release.
+
+    Example:
+        >>> fingerprint({"tau": 4, "epsilon": "1/2"}) == fingerprint({"epsilon": "1/2", "tau": 4})
+        True
+        >>> fingerprint({"epsilon": "1/2", "tau": 4})
+        '56cf3790cab0239e53ca7d2138b2980f'
     """
     canonical = orjson.dumps(dict(parameters), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(b"dpstream/statistic/v1\0" + canonical).hexdigest()[:32]

@@ -1,4 +1,4 @@
-"""Baselines of spec 001 sections 2.12 and 5: advanced composition, fixed and random tau.
+"""Baselines of Dong-Luo-Yi Sec. III-A and VII: advanced composition, fixed and random tau.
 
 Advanced composition (AdvComp, Sec. III-A and VII). Give every release the budget eps'
 solving eps = sqrt(2T ln(1/delta)) eps' + T eps'(e^eps' - 1) (``solve_step_epsilon``) and
@@ -31,7 +31,7 @@ saying which goes with which query; [20]'s polynomial algorithms took > 1 hour p
   so the output is one-way (<= the true max), as for our k-selection.
 
 Fixed tau (Alg. 3 with the FULL epsilon, Sec. III-A and VII; ``make_fixed_tau``): the
-tree of section 2.2 over Truncate(D, tau) with node scale (l+1) m tau / epsilon (m = 1; 2
+tree of Alg. 2 over Truncate(D, tau) with node scale (l+1) m tau / epsilon (m = 1; 2
 for F_0; doubled with "any subset"), for count, sum, histogram and distinct count, and
 the k-selection variant (``make_fixed_tau_k_selection``: LOG R + 1 fixed-tau histograms
 with epsilon/(LOG R + 1) each, or one finest histogram). tau must be a power of two so
@@ -45,7 +45,7 @@ and crossings; ``distinct_count.first_occurrence_units`` for F_0), plus for the 
 
 References:
     W. Dong, Q. Luo, K. Yi. Continual Observation under User-level Differential Privacy.
-    IEEE S&P 2023. Sec. III-A, VII; Alg. 3; Lemma III.1. Spec 001 sections 2.3, 2.12, 5.
+    IEEE S&P 2023. Sec. III-A, VII; Alg. 3; Lemma III.1.
     C. Dwork, G. Rothblum, S. Vadhan. Boosting and Differential Privacy. FOCS 2010
     (advanced composition); C. Dwork, A. Roth, 2014, Cor. 3.21.
     [20] J. Fang, W. Dong, K. Yi. Shifted Inverse: A General Mechanism for Monotonic
@@ -73,7 +73,7 @@ from .svt import LOG, above_threshold_step, make_above_threshold
 from .svt import AboveThresholdState as _SvtState
 
 # ---------------------------------------------------------------------------------------
-# Advanced composition (spec 001 section 2.12)
+# Advanced composition (Dong-Luo-Yi Sec. III-A and VII)
 
 _SOLVER_MARGIN = 1e-9
 """Relative slack left below the target so float rounding in the check cannot exceed it."""
@@ -101,7 +101,7 @@ def solve_step_epsilon(
 
     The left side is increasing in eps', so bisection finds the root; the result is
     rounded DOWN (to 15 significant decimal digits, then a rational) and re-checked, so the
-    composition never exceeds ``epsilon`` (style rule 7). Example (spec 001 section 2.12):
+    composition never exceeds ``epsilon`` (style rule 7). Example (Dong-Luo-Yi Sec. III-A and VII):
     delta = 1e-6, T = 5e7, epsilon = 2 gives eps' = 5.0392e-5.
 
     Args:
@@ -139,13 +139,13 @@ def solve_step_epsilon(
 
 
 DEFAULT_DELTA = Fraction(1, 10**6)
-"""delta of the AdvComp baseline (not stated in the paper; spec 001 section 8)."""
+"""delta of the AdvComp baseline (not stated in the paper; our choice)."""
 
 DEFAULT_MAX_EXPONENT = 20
 """J: tau candidates 2^1..2^J, GS = 2^20 as in the paper's random-tau baseline."""
 
 RANDOM_TAU_CANDIDATES = tuple(1 << j for j in range(1, DEFAULT_MAX_EXPONENT + 1))
-"""{2, 4, ..., 2^20}: the paper's random-tau candidates (spec 001 section 2.12)."""
+"""{2, 4, ..., 2^20}: the paper's random-tau candidates (Dong-Luo-Yi Sec. III-A and VII)."""
 
 STATISTICS = ("count", "sum", "histogram", "distinct_count")
 
@@ -524,7 +524,7 @@ class FixedTauSpec:
         tau: the truncation bound, a power of two.
         bins: R (1 unless histogram).
         multiplier: m in the node scale (l+1) m tau / epsilon: 1, 2 for F_0, doubled
-            with "any subset" (pitfall P1).
+            with "any subset" (docs/papers.md).
     """
 
     name: str
@@ -562,7 +562,7 @@ def make_fixed_tau(
     Privacy:
         Removing one user changes each level's node vector of Truncate(D, tau) by <= tau
         (count, sum, histogram; 2 tau with "any subset") or D-bar's by <= 2 tau (F_0;
-        4 tau): epsilon-DP by group privacy (Alg. 3, spec 001 section 2.3 and P1).
+        4 tau): epsilon-DP by group privacy (Dong-Luo-Yi Alg. 3; docs/papers.md for any subset).
     """
     _check_statistic(statistic, bins)
     eps = _validate.exact_fraction("epsilon", epsilon)

@@ -1,11 +1,11 @@
-"""The binary mechanism with a declared capacity: "BinMech" of spec 000 (Alg. 1, section 2.1).
+"""The binary mechanism with a declared capacity: "BinMech" of George et al. (Alg. 1).
 
 Leaves x_1, x_2, ... (integer grid units) are appended a few at a time; after k leaves the
 release is S_k = sum of the ``popcount(k)`` noisy dyadic nodes of the binary decomposition
-of k (pitfall P1: only the SET bits of k). The node ending at leaf index ``i`` is the
+of k (only the SET bits of k: our correction of Alg. 1). The node ending at leaf index ``i`` is the
 paper's ``NPS[i]``: it covers leaves ``i - 2^j + 1 .. i`` with ``j`` the lowest set bit of
 i, and it carries discrete Laplace noise of scale ``eta = sensitivity * depth / epsilon``
-with ``depth = 1 + floor(log2 capacity)``. Example (E1): S_7 = NPS[4] + NPS[6] + NPS[7].
+with ``depth = 1 + floor(log2 capacity)``. Example: S_7 = NPS[4] + NPS[6] + NPS[7].
 
 **State (k, exact total).** The exact parts of the nodes of the decomposition of k sum to
 the exact prefix x_1 + ... + x_k, so the release is that total plus the nodes' noise, and
@@ -26,15 +26,15 @@ Privacy:
     at most ``sensitivity`` in L1. Each of the ``depth`` tree levels of the (at most
     ``capacity``-leaf) tree changes by at most ``sensitivity`` in L1, so the whole node
     vector by at most ``sensitivity * depth``, and node noise Lap(eta) makes it
-    epsilon-DP (Laplace mechanism, spec 000 Lemma 2.4); releases are post-processing.
+    epsilon-DP (Laplace mechanism, George et al. Lemma 2.4); releases are post-processing.
     ``depth`` is the exact number of levels, ``ceil(log2(capacity + 1))``; the paper
-    writes ``1 + log T`` with a real log, which is never smaller (pitfall P5).
+    writes ``1 + log T`` with a real log, which is never smaller.
 
 References:
     T.-H. H. Chan, E. Shi, D. Song. Private and continual release of statistics. ACM
     TISSEC 2011. C. Dwork, M. Naor, T. Pitassi, G. Rothblum. Differential privacy under
-    continual observation. STOC 2010. Spec 000 (George, Ramesh, Singh, Tyagi, "Continual
-    Mean Estimation Under User-Level Privacy"), Alg. 1, section 2.1, pitfall P1, E1.
+    continual observation. STOC 2010. George et al. (A. J. George, L. Ramesh, A. V. Singh, H. Tyagi,
+    "Continual Mean Estimation Under User-Level Privacy", arXiv:2212.09980), Alg. 1.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def append(spec: BinMechSpec, state: BinMechState, count: int, total: int) -> Bi
 
     Raises:
         ValueError: the capacity would be exceeded. Callers enforce their caps on public
-            counts before appending (spec 000 pitfall P9), so this is a wiring error.
+            counts before appending (George et al.'s caps n and m), so this is a wiring error.
     """
     if count < 0 or state.count + count > spec.capacity:
         raise ValueError(

@@ -1,4 +1,5 @@
-"""Per-user privacy loss over disjoint cells, with a per-epoch cap B, spec 003 §1, §5.
+"""Per-user privacy loss over disjoint cells, with a per-epoch cap B: Rameshwar et al. Thm II.3
+and our epochs (docs/papers.md).
 
 A cell is (key, time slot). Cells are disjoint, and a cell's release reads only the
 records of the users it keeps, so by Thm II.3 (disjointness; adaptive, since its proof is
@@ -8,14 +9,14 @@ a product of conditional probabilities) the releases of an epoch are eps_bar-DP 
                                                       in which l is kept.
 
 The ledger holds loss_l for the current accounting epoch (e.g. a day; the stream is
-infinite, so budgets are per epoch, spec 003 §5.1) and refuses any charge that would take a
+infinite, so budgets are per epoch: our choice) and refuses any charge that would take a
 user above the cap B. It reports eps_bar, never basic composition (sum over all cells),
-which is what a user would lose only if they were in every cell (spec 003 §6.10).
+which is what a user would lose only if they were in every cell.
 
-Enforcing B (spec 003 §5.5 (b)) happens BEFORE a cell is released, in one of two ways,
+Enforcing B happens BEFORE a cell is released, in one of two ways,
 chosen by ``on_cap``:
 
-* ``"drop_user"`` (default; spec 003 §5.4 step 3, "mandatory suppressions"): a user who
+* ``"drop_user"`` (default; "mandatory suppressions"): a user who
   cannot afford eps_g more is removed from the cell; the others are released as usual.
   If nobody is left, nothing is released and nothing is charged.
 * ``"skip_cell"``: if any user cannot afford it, the whole cell is not released and
@@ -24,18 +25,19 @@ chosen by ``on_cap``:
 
 Two privacy models (``counts_public``):
 
-* ``True`` (spec 003 §1): neighbours share the count matrix and differ in one user's
+* ``True`` (Rameshwar et al. Sec. II-D): neighbours share the count matrix and differ in one user's
   values. Admission, suppression and Clip-User may then look at everyone's counts.
-* ``False`` (strict, spec 003 §5.6, the default): neighbours add or remove a user. Every
+* ``False`` (strict, ours, the default): neighbours add or remove a user. Every
   decision about user l must depend on l's own data only. ``admit`` (drop_user) is such a
-  decision (l's own ledger); so is the online rule (c) of §5.5, ``admit_online``: a user's
+  decision (l's own ledger); so is the online rule (c), ``admit_online``: a user's
   first C = floor(B / eps) distinct cells of the epoch, in arrival order, at ingest.
 
 All loss amounts are exact rationals; the state stores them as (numerator, denominator)
 pairs so that it is plain JSON data (``state_codec``).
 
 References:
-    Spec 003 §1 (Thm II.3, Cor II.1), §3, §5.1, §5.4-§5.6, §6.10.
+    Rameshwar et al. Thm II.3, Cor. II.1; epochs, caps and the strict mode are ours
+    (docs/papers.md).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class CellAccountantSpec:
 
     Attributes:
         epoch_cap: B, the most one user may lose in one epoch.
-        counts_public: spec 003 §1 model (True) or strict add/remove-user model (False).
+        counts_public: the Rameshwar et al. model (True) or strict add/remove-user model (False).
         on_cap: what ``admit`` does when a user cannot afford a cell ("drop_user" or
             "skip_cell").
     """
@@ -119,7 +121,7 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class OnlineAdmissionState:
-    """Stage-1 state of rule (c) for one user (strict mode, spec 003 §5.5 (c)).
+    """Stage-1 state of rule (c) for one user (strict mode).
 
     Attributes:
         epoch: the epoch the cells belong to.
@@ -139,8 +141,8 @@ def make_cell_accountant(
 
     Args:
         epoch_cap: B > 0, exact rational (config "2.5" means 5/2).
-        counts_public: True only where the config declares counts public (spec 003 §1);
-            False gives the strict mode of §5.6.
+        counts_public: True only where the config declares counts public (Rameshwar et al.
+            Sec. II-D); False gives the strict mode.
         on_cap: "drop_user" or "skip_cell" ("skip_cell" needs counts_public).
 
     Returns:
@@ -223,7 +225,7 @@ def admit(
     users: Iterable[str],
     epsilon: Fraction,
 ) -> Admission:
-    """Check the epoch cap before a cell at ``epsilon`` is released (spec 003 §5.5 (b)).
+    """Check the epoch cap before a cell at ``epsilon`` is released.
 
     Args:
         spec: the ledger spec.
@@ -338,7 +340,7 @@ def admit_online(
     cell: NodeId,
     epsilon: Fraction,
 ) -> tuple[OnlineAdmissionState, bool]:
-    """Rule (c) of spec 003 §5.5 at ingest (stage 1, one user's state): keep or drop an event.
+    """Rule (c) at ingest (stage 1, one user's state): keep or drop an event.
 
     The user's first C = floor(B / eps) distinct cells of the epoch, in arrival order, are
     admitted; events of any later cell are dropped. It depends only on the user's own

@@ -1,23 +1,24 @@
-"""User-level private mean of one cell: Baseline, Array-Averaging, Levy, Quantile (spec 003).
+"""User-level private mean of one cell: Baseline, Array-Averaging, Levy, Quantile (Rameshwar et
+al.).
 
 A cell is (key, time slot), e.g. (H3 index, hour). At the cell's close the pipeline hands
 over one ``UserCellAggregate`` per user present (count, total and the first values in
 a value-independent order, in grid units) and gets back the released mean, its error bar,
 and the users whose data entered it (for ``cell_accountant``).
 
-Mechanisms (spec 003 §2-§3; U = upper - lower; eps the cell's total budget):
+Mechanisms (Rameshwar et al. Sec. III; U = upper - lower; eps the cell's total budget):
 
 =================  ===========================================  =========================
 mechanism           statistic f                                  noise on f
 =================  ===========================================  =========================
-baseline (§2.1)     pooled mean of all samples                   Lap(U m^* / (N eps))
-array_averaging     unweighted mean of the array means (§2.3)    Lap(U / (K_bar eps)) best,
+baseline (III-B)    pooled mean of all samples                   Lap(U m^* / (N eps))
+array_averaging     unweighted mean of the array means (III-C)   Lap(U / (K_bar eps)) best,
                                                                  Lap(2U / (K eps)) wrap
-levy (§2.4, §2.6)   mean of array means projected on [a, b],     Lap(2 s (b - a)/(K_bar eps))
+levy (III-D)        mean of array means projected on [a, b],     Lap(2 s (b - a)/(K_bar eps))
                     [a, b] = PrivateInterval at eps / 2
-quantile (§2.5)     mean of array means projected on [a', b'],   Lap(2 s (b'-a')/(K_bar eps))
+quantile (III-E)    mean of array means projected on [a', b'],   Lap(2 s (b'-a')/(K_bar eps))
                     a', b' private quantiles at eps / 4 each
-noisy_ratio (§5.6)  capped mean: noisy sum / noisy count,        Lap(c U / eps) on the sum
+noisy_ratio (ours)  capped mean: noisy sum / noisy count,        Lap(c U / eps) on the sum
                     eps / 2 each                                 (2 c U / eps any-subset),
                                                                  Lap(2c / eps) on the count
 =================  ===========================================  =========================
@@ -25,11 +26,11 @@ noisy_ratio (§5.6)  capped mean: noisy sum / noisy count,        Lap(c U / eps)
 (s = 1 for BestFit, 2 for WrapAround; K_bar is K under WrapAround.)
 
 **Privacy model.** The first four are the paper's: neighbours share the count matrix and
-differ in one user's values (spec 003 §1), so N, m^*, m_UB, the grouping and the number of
-arrays are functions of public counts. They are available only with ``counts_public=True``,
-which must come from the configuration. Otherwise (the default) the mechanism must be
-``noisy_ratio``, the strict mode of spec 003 §5.6: add/remove-user neighbours, a fixed
-public cap c of samples per (cell, user), noisy sum and noisy count. With ``any_subset``
+differ in one user's values (Rameshwar et al. Sec. II-D), so N, m^*, m_UB, the grouping and the
+number of arrays are functions of public counts. They are available only with
+``counts_public=True``, which must come from the configuration. Otherwise (the default) the
+mechanism must be ``noisy_ratio``, our strict mode (docs/papers.md): add/remove-user neighbours, a
+fixed public cap c of samples per (cell, user), noisy sum and noisy count. With ``any_subset``
 (neighbours drop any subset of one user's events) the first-c cap can promote a user's
 later values when earlier ones are dropped, so the sum's sensitivity and noise double
 (``sum_sensitivity``); the count's stays c.
@@ -54,7 +55,7 @@ Laplace variance times rho^2); ``ci95`` is a guaranteed half-width: P(|value - f
 <= 0.05 (Chernoff bound on the noise plus rho / 2 of rounding). Both are about the
 mechanism's own statistic f. For Baseline f is the cell's mean (of the snapped values);
 for the array mechanisms f also differs from the pooled mean by the bias of equal array
-weights, sample clipping and projection, which the paper does not bound (spec 003 §3), so
+weights, sample clipping and projection, which the paper does not bound (Sec. III), so
 the bar covers the noise only. For noisy_ratio the std is the delta-method value at the
 released sum and count, and ci95 the widest distance to the capped mean compatible with
 both noises inside their 97.5% Chernoff bounds (all computed from released values).
@@ -66,12 +67,13 @@ has a public node id under the cell's id ``cell`` (e.g. (statistic, key, slot)):
 ``(*cell, "quantile", "upper", j)``; strict mode ``(*cell, "sum")``, ``(*cell, "count")``.
 With the keyed source a replay re-emits the same release instead of drawing again.
 
-Choices where spec 003 is silent are marked [C] in the docstrings below and listed in
-docs/cell-means.md.
+Choices where the paper is silent are marked [C] (our choice) in the docstrings below and
+listed in docs/cell-means.md.
 
 References:
-    Spec 003 §1-§3, §5.6, §6. "Mean Estimation with User-Level Privacy on Multi-Dimensional
-    IoT Datasets" (companion arXiv:2401.15906): Baseline, Algorithms 1-3, eqs. (6)-(10).
+    Rameshwar et al., "Mean Estimation with User-Level Privacy on Multi-Dimensional IoT
+    Datasets" (arXiv:2405.06261; companion arXiv:2401.15906): Sec. II-D, III, Baseline,
+    Algorithms 1-3, eqs. (6)-(10); the strict mode is ours (docs/papers.md).
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ MECHANISMS = ("baseline", "array_averaging", "levy", "quantile", "noisy_ratio")
 PAPER_MECHANISMS = MECHANISMS[:4]
 M_UB_RULES = ("median", "eq10")
 DEFAULT_M_UB = {"array_averaging": "median", "levy": "eq10", "quantile": "eq10"}
-"""Spec 003 §2.3-§2.5 [P]: Array-Averaging uses the median, Levy and Quantile eq. (10)."""
+"""Rameshwar et al. Sec. III-C to III-E: Array-Averaging uses the median, Levy and Quantile eq.
+(10)."""
 
 DEFAULT_LATTICE = 1024
 DEFAULT_HEAD_CAP = 4096
@@ -117,7 +120,7 @@ class CellMeanSpec:
         lower: a, lower bound of the values (value units, a multiple of ``step``).
         upper: b > a, upper bound (a multiple of ``step``).
         step: the public grid step g of the values.
-        counts_public: the spec 003 §1 model (True, from configuration) or strict.
+        counts_public: the Rameshwar et al. model (Sec. II-D; True, from configuration) or strict.
         grouping: "best_fit" or "wrap_around" (array mechanisms).
         m_ub: "median", "eq10" or a fixed integer (array mechanisms).
         gamma: Levy's failure probability in eq. (8) (0.2 in the paper).
@@ -294,8 +297,8 @@ def make_cell_mean(
         lower: a, a multiple of ``step``.
         upper: b > a, a multiple of ``step``.
         step: grid step g > 0.
-        counts_public: True only where the configuration declares counts public (spec 003
-            §1); required by the paper's four mechanisms.
+        counts_public: True only where the configuration declares counts public (Rameshwar et al.
+            Sec. II-D); required by the paper's four mechanisms.
         grouping: "best_fit" (default, preferred by the paper) or "wrap_around".
         m_ub: "median", "eq10" or an integer >= 1; default per mechanism (DEFAULT_M_UB).
         gamma: Levy's gamma in (0, 1).
@@ -319,9 +322,9 @@ def make_cell_mean(
 
     Privacy:
         Paper mechanisms: eps-DP per cell for user-level value neighbours with a fixed,
-        public count matrix (spec 003 §1). noisy_ratio: eps-DP per cell for add/remove-user
-        neighbours, or for any-subset neighbours when ``any_subset`` (sum scale 2cU/(eps/2)).
-        Across cells see ``cell_accountant``.
+        public count matrix (Rameshwar et al. Sec. II-D). noisy_ratio: eps-DP per cell for
+        add/remove-user neighbours, or for any-subset neighbours when ``any_subset`` (sum scale
+        2cU/(eps/2)). Across cells see ``cell_accountant``.
     """
     if mechanism not in MECHANISMS:
         raise _validate.invalid("mechanism", f"one of {MECHANISMS}", mechanism)
@@ -333,7 +336,7 @@ def make_cell_mean(
         raise _validate.invalid("any_subset", "False when counts_public is True", any_subset)
     if mechanism in PAPER_MECHANISMS and not counts_public:
         raise _validate.invalid(
-            "mechanism", "'noisy_ratio' unless counts_public is True (spec 003 §5.6)", mechanism
+            "mechanism", "'noisy_ratio' unless counts_public is True (strict mode)", mechanism
         )
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -595,7 +598,7 @@ def statistic(
 def sensitivity(
     spec: CellMeanSpec, prepared: PreparedCell, interval: tuple[Fraction, Fraction] | None = None
 ) -> Fraction:
-    """User-level L1 sensitivity Delta of ``statistic`` (grid units), spec 003 §3.
+    """User-level L1 sensitivity Delta of ``statistic`` (grid units), Rameshwar et al. Sec. III.
 
     baseline U m^*/N; array_averaging U/K_bar (best) or 2U/K (wrap, a user straddles two
     arrays); levy and quantile s (b - a) / K_bar; noisy_ratio: not a single sensitivity
@@ -615,7 +618,7 @@ def sensitivity(
 
 
 def sum_sensitivity(spec: CellMeanSpec) -> int:
-    """noisy_ratio: L1 sensitivity of the centred sum (doubled grid units) under the spec's
+    """noisy_ratio: L1 sensitivity of the centred sum (doubled grid units) under the statistic's
     relation: c U for add/remove-user neighbours, 2 c U for any-subset neighbours."""
     return (2 if spec.any_subset else 1) * spec.contribution_cap * spec.value_range
 
@@ -746,7 +749,7 @@ def release_prepared(
 def _release_noisy_ratio(
     spec: CellMeanSpec, cell: NodeId, prepared: PreparedCell, noise: NoiseSource
 ) -> CellOutcome:
-    """Strict mode (spec 003 §5.6 [C]): noisy centred sum and noisy count, eps / 2 each.
+    """Strict mode (ours, docs/papers.md): noisy centred sum and noisy count, eps / 2 each.
 
     Values are centred on the midpoint m = (lo + hi) / 2 and doubled to stay integers:
     each kept value adds 2x - (lo + hi) in [-U, U], and a user adds at most c of them, so

@@ -1,4 +1,5 @@
-"""Clip-User: suppress (user, cell) pairs to lower the worst per-user loss, spec 003 §2.7 [R].
+"""Clip-User: suppress (user, cell) pairs to lower the worst per-user loss: our reconstruction of
+the procedure Rameshwar et al. announce (docs/papers.md).
 
 Over the disjoint cells of a slot, a user's loss is the sum of eps_g over the cells that
 keep them (Thm II.3); with uniform eps it is G_l eps and the slot costs G_1 eps, G_1 the
@@ -13,7 +14,7 @@ count. U r / N bounds the bias of dropping r of N values in [lower, upper] (atta
 kappa U m'^* / (N' eps_g) the Baseline noise: kappa = 1 for the expected absolute error
 (E|Lap(b)| = b), kappa = ln(1 / delta) for a (1 - delta) tail bound (Prop II.1).
 
-Algorithm (spec 003 §2.7, losses in place of G_l so that per-cell budgets may differ):
+Algorithm (ours, losses in place of G_l so that per-cell budgets may differ):
 
     E0 = max_g E_g(empty); R = {}
     loop:
@@ -23,22 +24,22 @@ Algorithm (spec 003 §2.7, losses in place of G_l so that per-cell budgets may d
                        E_g(trial_g + {l}) <= E0
             none: discard trial and stop
             add l to trial_g for the feasible g of least E_g (ties: least cell id)
-        R = trial      # committed only if every top user was reduced (pitfall 13)
+        R = trial      # only if every top user was reduced (else: bias, no gain)
 
-``plan`` can first apply the *mandatory* suppressions of an epoch cap (spec 003 §5.4
-step 3): while a user's planned loss exceeds the budget they have left, they are removed
+``plan`` can first apply the *mandatory* suppressions of an epoch cap (our
+choice): while a user's planned loss exceeds the budget they have left, they are removed
 from the cell whose E_g rises least (cells that would become empty last; such a cell is
 then not released), and cells pushed above E0 are reported in ``forced``.
 
 Privacy:
-    Every decision is a function of the count matrix, public under spec 003 §1; the cell
-    mechanisms then read only kept users, so Thm II.3 applies to the reduced cell sets and
-    the slot costs max_l loss_l. Not valid when counts are private (strict mode, §5.6):
+    Every decision is a function of the count matrix, public under Rameshwar et al. Sec. II-D; the
+    cell mechanisms then read only kept users, so Thm II.3 applies to the reduced cell sets and
+    the slot costs max_l loss_l. Not valid when counts are private (strict mode):
     ``make_clip_user`` refuses counts_public=False.
 
 References:
-    Spec 003 §1 (Thm II.3, Cor II.1, Prop II.1), §2.7, §5.4, §6.11, E5; the suppression
-    idea is announced by the abstract (companion arXiv:2405.06261).
+    Rameshwar et al. Thm II.3, Cor. II.1, Prop. II.1; the suppression idea is announced by the
+    abstract of arXiv:2405.06261, the algorithm is ours (docs/papers.md).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def make_clip_user(
     """
     if counts_public is not True:
         raise _validate.invalid(
-            "counts_public", "True for Clip-User (spec 003 §5.6)", counts_public
+            "counts_public", "True for Clip-User (Rameshwar et al. Sec. II-D)", counts_public
         )
     a = _validate.exact_fraction("lower", lower)
     b = _validate.exact_fraction("upper", upper)
@@ -343,7 +344,7 @@ def _summary(
 def plan_fixed_total(
     spec: ClipUserSpec, counts: CountMatrix, epsilon_total: Fraction
 ) -> tuple[int, Fraction, ClipPlan]:
-    """Fixed-total mode of spec 003 §2.7 [C]: spend at most eps_tot per user on the slot.
+    """Fixed-total mode of Clip-User (our choice): spend at most eps_tot per user on the slot.
 
     With G0 = max_l G_l before removals, E0 is computed at eps = eps_tot / G0. For
     G_target = G0 - 1, G0 - 2, ..., 1 the cells run at eps_tot / G_target and Clip-User

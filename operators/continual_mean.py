@@ -1,12 +1,12 @@
-"""Continual mean under user-level DP: Algorithm 6 of spec 000 (and Alg. 5 as a reference).
+"""Continual mean under user-level DP: George et al. Alg. 6 (and Alg. 5 as a reference).
 
 At every public tick t the mechanism releases mu^_t, an estimate of the mean mu of i.i.d.
 samples in [lower, upper] that users send in any (even adversarial) order, so that the
 whole sequence of releases is pure epsilon-DP for user-level neighbours: all samples of
-one user may change, the arrival pattern (who sent a sample when) is public (spec 000
-section 1, pitfall P11). n and m are declared caps on users and samples per user.
+one user may change, the arrival pattern (who sent a sample when) is public (George et al.
+Sec. 2.1; docs/papers.md). n and m are declared caps on users and samples per user.
 
-**Algorithm (spec 000 section 2.8).** A user's samples are released by doubling levels:
+**Algorithm (George et al. Alg. 6).** A user's samples are released by doubling levels:
 when its count m_u reaches 2^l (l = 0, 1, 2, ...), it emits the element sigma_l = x_1
 (l = 0) or the sum of its samples 2^(l-1)+1 .. 2^l (l >= 1), worth w_l = 1 or 2^(l-1)
 samples. Level l's elements go to BinMech[l] (``binary_mechanism``, capacity n). Levels 0
@@ -16,14 +16,14 @@ raw elements; it activates once enough data exists for PrivateMedian (Alg. 7,
 I_l = [2^(l-1) mu~_l - Delta_l, 2^(l-1) mu~_l + Delta_l] (eq. 8), the buffer is flushed
 and the level stays active. mu^_t = (sum_l BinMech[l].Sum) / total, total = the number
 of samples in the inserted elements. Budget: eps/(2L) per median (levels 2..L) and
-eps/(2(L+1)) per BinMech (levels 0..L), L = ceil(log2 m): at most eps in all (oracle 9).
+eps/(2(L+1)) per BinMech (levels 0..L), L = ceil(log2 m): at most eps in all.
 
-**Corrections applied (spec 000 [FIX] items).** total grows by the element's sample count
-w_l, never by M(u_t) (P2, E2); an activated level leaves Inactive and its buffer is
-emptied, and its median is drawn once (P3); the split is eps/(2L) and eps/(2(L+1)) (P4);
-levels 0 and 1 are never clipped (P6); ceil(k_l) arrays and threshold (P8); samples
-beyond m and users beyond n are not used, and are counted (P9); the tree depth is the
-exact 1 + floor(log2 n) (P5; the paper writes 1 + log n, equal for n a power of two).
+**Corrections applied (docs/papers.md).** total grows by the element's sample count
+w_l, never by M(u_t); an activated level leaves Inactive and its buffer is
+emptied, and its median is drawn once; the split is eps/(2L) and eps/(2(L+1)) (eqs. (8)-(10));
+levels 0 and 1 are never clipped; ceil(k_l) arrays and threshold; samples
+beyond m and users beyond n are not used, and are counted; the tree depth is the
+exact 1 + floor(log2 n) (the paper writes 1 + log n, equal for n a power of two).
 
 **Grid (exact discrete Laplace, no floating-point noise).** A sample x is clipped to
 [lower, upper] (a clipped sample is counted), mapped to y = (x - lower) / (upper - lower)
@@ -91,8 +91,8 @@ Privacy:
 
 References:
     A. George, L. Ramesh, A. V. Singh, H. Tyagi. Continual Mean Estimation Under
-    User-Level Privacy. Algorithms 5, 6, 7; eqs. (4), (6)-(10); Thm 3.2, Thm 3.4. Spec 000
-    sections 2.5-2.9, 5, 7, 8.
+    User-Level Privacy. Algorithms 5, 6, 7; eqs. (4), (6)-(10); Thm 3.2, Thm 3.4; Claim C.1;
+    our corrections in docs/papers.md.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class ContinualMeanSpec:
         half_widths: h_l, clip half-width in units (0 for never-clipped levels).
         trees: BinMech[0..L].
         medians: PrivateMedian spec of each level (None for levels 0, 1 and in Alg. 5).
-        tight_low_levels: charge raw levels 0 and 1 their true sensitivity G [OURS].
+        tight_low_levels: charge raw levels 0 and 1 their true sensitivity G (our option).
     """
 
     epsilon: Fraction
@@ -192,7 +192,7 @@ class ContinualMeanSpec:
 def paper_constants(
     epsilon: float | Fraction, delta: float, n: int, m: int
 ) -> tuple[LevelConstants, ...]:
-    """Alg. 6's constants (spec 000 section 2.8, eqs. (8)-(10), table E5), levels 0..L.
+    """Alg. 6's constants (George et al. Alg. 6, eqs. (8)-(10)), levels 0..L.
 
     log = log2 throughout (``log m`` in ``ln(2 n log m / delta)`` included), ln = natural.
     """
@@ -217,7 +217,7 @@ def paper_constants(
 def prior_constants(
     epsilon: float | Fraction, delta: float, n: int, m: int
 ) -> tuple[LevelConstants, ...]:
-    """Alg. 5's constants (spec 000 section 2.7, table E4): projection Delta_l of eq. (4)
+    """Alg. 5's constants (George et al. Alg. 5): projection Delta_l of eq. (4)
     (l >= 1; level 0 is never clipped) and noise eta_l of eq. (7), which uses bound (6)."""
     eps = float(epsilon)
     levels = _levels(m)
@@ -251,12 +251,12 @@ def make_continual_mean(
         epsilon: total budget > 0; a float is read as the decimal it prints as.
         delta: utility failure probability in (0, 1].
         n: cap on users, >= 1.
-        m: cap on samples per user, >= 2 (pitfall P15).
+        m: cap on samples per user, >= 2 (ln(2n log m / delta) needs log m > 0).
         lower, upper: declared sample range, lower < upper.
         resolution: G >= 1 grid units per (upper - lower).
         partitions: number of stage-1 partitions, >= 1.
         node_prefix: public identity (e.g. (statistic, instance)).
-        tight_low_levels: noise levels 0 and 1 for their true sensitivity G [OURS].
+        tight_low_levels: noise levels 0 and 1 for their true sensitivity G (our option).
 
     Returns:
         The spec.
@@ -322,11 +322,11 @@ def make_oracle_prior_mean(
     partitions: int = 1,
     node_prefix: NodeId = ("mean_prior", 0),
 ) -> ContinualMeanSpec:
-    """Algorithm 5 (spec 000 section 2.7): known prior mu~, all levels active from the start.
+    """Algorithm 5 of George et al.: known prior mu~, all levels active from the start.
 
     Level l >= 1 elements are clipped to 2^(l-1) mu~ +- Delta_l (eq. 4, as in Alg. 4's
-    Pi_l); BinMech[l] has eps/(L+1) and noise from the looser bound (6) (eq. 7, pitfall
-    P7). Same stage-1 part and messages as Alg. 6 (no medians).
+    Pi_l); BinMech[l] has eps/(L+1) and noise from the looser bound (6) (eq. 7; the
+    projection keeps eq. (4)). Same stage-1 part and messages as Alg. 6 (no medians).
 
     Args:
         prior: mu~ in [lower, upper] (the experiments pass the true mean: an oracle).
@@ -432,7 +432,7 @@ def _tree(
 
 
 def privacy_budget(spec: ContinualMeanSpec) -> dict[str, Fraction]:
-    """The epsilon split: all medians, all BinMechs, and their sum (<= epsilon, oracle 9)."""
+    """The epsilon split: all medians, all BinMechs, and their sum (<= epsilon)."""
     medians = sum((p.epsilon for p in spec.medians if p is not None), Fraction(0))
     trees = sum((t.epsilon for t in spec.trees), Fraction(0))
     return {"medians": medians, "trees": trees, "total": medians + trees}
@@ -608,7 +608,7 @@ def init_partition(spec: ContinualMeanSpec, partition: int = 0) -> PartitionStat
 def admit(spec: ContinualMeanSpec, part: PartitionState) -> tuple[PartitionState, UserState]:
     """A user seen for the first time: admitted (next rank) if the partition's quota allows.
 
-    The decision depends on the public arrival order only (spec 000 P9).
+    The decision depends on the public arrival order only (the caps n and m: docs/papers.md).
     """
     if part.admitted < user_quota(spec, part.partition):
         part = replace(part, admitted=part.admitted + 1, new_users=part.new_users + 1)
@@ -626,7 +626,7 @@ def prefix_capacity(spec: ContinualMeanSpec, part: PartitionState) -> int:
 def observe(
     spec: ContinualMeanSpec, part: PartitionState, user: UserState, x: float | int | Fraction
 ) -> tuple[UserState, SampleEffect]:
-    """One sample x of ``user`` (spec 000 section 5, per-user keyed state).
+    """One sample x of ``user`` (per-user keyed state, our streaming form).
 
     Creates the level-l element when m_u reaches 2^l: x_1 (l = 0) or the block sum of
     samples 2^(l-1)+1 .. 2^l (l >= 1). A sample beyond m, or of a refused user, is not used
@@ -890,8 +890,9 @@ class MeanRelease:
 
     Attributes:
         t: the tick (1-based).
-        value: mu^_t in [lower, upper] units, NOT clipped (pitfall P13; clamping to the
-            range is free post-processing). (lower + upper) / 2 while total = 0.
+        value: mu^_t in [lower, upper] units, NOT clipped (Thm 3.4 is about the raw
+            estimate; clamping to the range is free post-processing).
+            (lower + upper) / 2 while total = 0.
         total: samples the estimate covers (public).
         std: exact standard deviation of the DP noise in ``value``.
         ci95: half-width h with P(|noise| > h) <= 0.05, guaranteed (Chernoff bound on
@@ -978,7 +979,7 @@ def step(
     buffers, medians, centres = list(state.buffers), list(state.medians), list(state.centres)
     total, active = state.total, state.active
     median_hists = dict(msg.medians)
-    # Activation, ascending; monotone in l (spec 000 section 2.8), so stop at the first miss.
+    # Activation, ascending; monotone in l (George et al. Alg. 6), so stop at the first miss.
     while active < spec.levels:
         level = active + 1
         median = spec.medians[level]

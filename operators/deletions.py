@@ -1,11 +1,11 @@
-"""Insert/delete streams (the fully dynamic case), spec 001 section 2.11 (Sec. VI).
+"""Insert/delete streams (the fully dynamic case), Dong-Luo-Yi Sec. VI.
 
 Every item is an insertion or a deletion of a value. Split the stream into an insertion
 stream D_ins and a deletion stream D_del (in each, the events of the other kind become
 dummies), run the user-level mechanism (``user_level``, Alg. 5) on each with epsilon/2 and
 beta/2, and release F~_ins - F~_del. Supported: count, sum and histogram (a deletion
 removes one unit from its bin). Distinct count is NOT supported (an open problem in the
-paper; pitfall P13): ``make_deletions`` raises for it.
+paper, Sec. VI): ``make_deletions`` raises for it.
 
 Each side has its own tracker and truncation, on the ranks of that side only: a user's
 c_u^ins counts their insertions, c_u^del their deletions. The error stays O~(kappa) where
@@ -28,7 +28,7 @@ Privacy:
 
 References:
     W. Dong, Q. Luo, K. Yi. Continual Observation under User-level Differential Privacy.
-    IEEE S&P 2023. Sec. VI, Thm VI.1, Appendix B. Spec 001 sections 2.11, 2.13, 7 (P13).
+    IEEE S&P 2023. Sec. VI, Thm VI.1, Appendix B.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def make_deletions(
         beta: failure probability in (0, 1) (beta/2 per side).
         theta: theta > 0.
         bins: R for a histogram (must be 1 for count and sum).
-        any_subset: node multiplier 2 (pitfall P1).
-        practical: section 2.6 tracker on both sides.
+        any_subset: node multiplier 2 (docs/papers.md).
+        practical: App. C-A tracker on both sides.
         practical_instances: shifted instance series on both sides.
         forced_schedule: TEST HOOK forcing tau~ on both sides (not private).
 
@@ -143,7 +143,7 @@ def make_deletions(
 
     Raises:
         InvalidOperatorConfig: a parameter is out of range, or ``statistic`` is
-            "distinct_count" (not supported with deletions: spec 001 section 2.11, P13).
+            "distinct_count" (not supported with deletions: Dong-Luo-Yi Sec. VI).
 
     Privacy:
         epsilon-DP under user-level neighbours (module docstring).
@@ -152,7 +152,7 @@ def make_deletions(
         raise InvalidOperatorConfig(
             "statistic must be one of ('count', 'sum', 'histogram'), got 'distinct_count': "
             "distinct count with deletions is not supported (open problem in Dong, Luo, Yi "
-            "2023, Sec. VI; spec 001 section 2.11, pitfall P13)"
+            "2023, Sec. VI)"
         )
     if statistic not in STATISTICS:
         raise _validate.invalid("statistic", f"one of {STATISTICS}", statistic)

@@ -1,10 +1,10 @@
-"""Distinct count F_0 under user-level DP, spec 001 section 2.10 (Sec. IV-D).
+"""Distinct count F_0 under user-level DP, Dong-Luo-Yi Sec. IV-D.
 
-The mechanism (section 2.10): run the contribution tracker on the ORIGINAL stream D
+The mechanism (Sec. IV-D): run the contribution tracker on the ORIGINAL stream D
 (epsilon/2, beta/2: Count(D_t, tau) counts users by ALL their items), truncate D with tau~
 to get D-hat, build D-bar from D-hat (first occurrence within the TRUNCATED stream), and
-inside each truncation instance run the tree of section 2.2 on D-bar with node noise
-Lap((l+1) 2 tau~ / epsilon_inst_j) (4 tau~ with "any subset" neighbours, pitfall P1/P8).
+inside each truncation instance run the tree of Alg. 2 on D-bar with node noise
+Lap((l+1) 2 tau~ / epsilon_inst_j) (4 tau~ with "any subset" neighbours, docs/papers.md).
 
 Band form. Per value keep m(v), the smallest band v has arrived in so far (none yet:
 absent). When v arrives at tick t with smallest band b this tick and b < m(v):
@@ -17,7 +17,7 @@ bands 0..i at t: exactly the first-occurrence leaf of Truncate(D, 2^i). A tree t
 its exact node counts per band (operators/user_level.py) therefore holds D-bar for every
 power of two at once, and a tau increase from 2^i to 2^i' "re-admits" by summing more
 bands: per value this is the -1 at the old tick f_i(v) and +1 at the new tick f_i'(v) of
-spec 001 section 4, without any per-value work at restart time.
+our streaming form of the restart, without any per-value work at restart time.
 
 Why m(v) suffices (no earliest tick per band): ticks only grow, so the first arrival of v
 in a band below m(v) IS the earliest tick for every threshold in [b, m(v) - 1]; later
@@ -31,7 +31,7 @@ Stage 1 -> stage 2, per tick (one report per stage-1 partition, merged by union)
   the rank of an item is its user's new c_u (stage 1 keeps c_u per user, like count);
 * ``crossings[j]``: users whose c_u went from <= 2^j to > 2^j this tick (as for count).
 
-Stage 2 keeps the table m(v) (keyed by value; spec 001 section 4's first_time[v]) and turns
+Stage 2 keeps the table m(v) (keyed by value; the first occurrence time of v) and turns
 the report into signed band units with ``first_occurrence_units``; ``step`` then advances
 the tracker and the tree. Per-tick cost: O(#values in the tick + log t * bands).
 
@@ -40,15 +40,15 @@ Privacy:
     < epsilon/2). D-hat loses <= tau~ items, so D-bar's leaves change in <= 2 tau~
     positions (each removed item can delete its value's first occurrence and promote a
     later one): per-level L1 <= 2 tau~, node scale (l+1) 2 tau~/epsilon_inst_j, and
-    4 tau~ if any subset of a user's items may be removed (pitfall P1). The instance
+    4 tau~ if any subset of a user's items may be removed (docs/papers.md). The instance
     series sums to < epsilon/2: epsilon-DP in total for the infinite output sequence.
     The bound of Thm IV.3 is Noise_U(2 kappa, ...) + Bias_U: not down-neighbourhood
-    optimal (Thm V.2), and deletions are NOT supported (spec 001 section 2.11, P13).
+    optimal (Thm V.2), and deletions are NOT supported (Dong-Luo-Yi Sec. VI).
 
 References:
     W. Dong, Q. Luo, K. Yi. Continual Observation under User-level Differential Privacy.
-    IEEE S&P 2023. Sec. IV-D, Thm IV.3, Alg. 5 (efficient restart). Spec 001 sections
-    2.10, 4 (re-admission of first occurrences), 6 (oracle 4, Example E), 7 (P1, P8).
+    IEEE S&P 2023. Sec. IV-D, Thm IV.3, Alg. 5 (efficient restart); the re-admission of first
+    occurrences is our streaming form (docs/papers.md).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def first_ticks(earliest: Mapping[int, Sequence[int]], exponent: int) -> dict[in
 def readmission_moves(
     earliest: Mapping[int, Sequence[int]], old_exponent: int, new_exponent: int
 ) -> list[tuple[int, int]]:
-    """The explicit re-admission of spec 001 section 4 for F_0 on a tau increase.
+    """The explicit re-admission (our streaming form) for F_0 on a tau increase.
 
     Args:
         earliest: ``earliest[v][b]`` = the earliest tick v arrived with a rank in band b
@@ -182,7 +182,7 @@ def split_values_tick(
 
 
 # ---------------------------------------------------------------------------------------
-# The mechanism (section 2.10)
+# The mechanism (Sec. IV-D)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +192,7 @@ class DistinctCountSpec:
     Attributes:
         mechanism: the Alg. 5 skeleton (tracker epsilon/2 and beta/2 on the original
             stream, instances with node multiplier 2, or 4 with ``any_subset``), one bin.
-        any_subset: neighbours may remove any subset of a user's items (pitfall P1).
+        any_subset: neighbours may remove any subset of a user's items (docs/papers.md).
     """
 
     mechanism: ul.UserLevelSpec
@@ -217,8 +217,8 @@ def make_distinct_count(
         epsilon: total budget > 0.
         beta: failure probability in (0, 1).
         theta: theta > 0 of both series.
-        any_subset: node multiplier 4 instead of 2 (pitfall P1).
-        practical: section 2.6 tracker (tau~ starts at 64, shifted series).
+        any_subset: node multiplier 4 instead of 2 (docs/papers.md).
+        practical: App. C-A tracker (tau~ starts at 64, shifted series).
         practical_instances: shifted series for the instances too.
         forced_schedule: TEST HOOK forcing tau~ (see ``user_level.make_user_level``).
 
@@ -263,7 +263,7 @@ def step(
 ) -> tuple[ul.UserLevelState, ul.UserLevelRelease]:
     """One public tick t = state.t + 1 (empty ticks too: ``step(spec, s, (), (), noise)``).
 
-    Section 4's order: G += crossings; the tracker decides tau~_t on the ORIGINAL stream;
+    Order inside a step: G += crossings; the tracker decides tau~_t on the ORIGINAL stream;
     a new instance iff tau~ changed (the band sums re-admit: first occurrences move
     earlier); the tree advances with this tick's signed band units; release
     F_0(Truncate(D_t, tau~_t)) + noise of the current instance.
@@ -304,7 +304,8 @@ def step(
 
 
 def exact_value(spec: DistinctCountSpec, state: ul.UserLevelState) -> int:
-    """F_0(Truncate(D_t, tau~_t)): what the release is unbiased for (oracles 4 and 5)."""
+    """F_0(Truncate(D_t, tau~_t)): what the release is unbiased for (with noise 0 it equals the
+    release)."""
     return ul.exact_values(spec.mechanism, state)[0]
 
 

@@ -1,4 +1,5 @@
-"""Continual counting with linear privacy expiration: fresh noise per release, spec 004 §3.1.
+"""Continual counting with linear privacy expiration: fresh noise per release, Andersson et al.
+(expiration) Alg. 1.
 
 Algorithm 1 of Andersson et al. (Chan et al.'s "Simple Counting Mechanism I"): release t
 is S_t + Z_t with one independent Z_t ~ Lap(sensitivity / epsilon) per step, drawn as
@@ -12,7 +13,7 @@ the keyed production source gives it again on replay.
 References:
     J. Andersson, M. Henzinger, R. Pagh, T. A. Steiner, J. Upadhyay. Continual Counting
     with Gradual Privacy Expiration. NeurIPS 2024, arXiv:2406.03802. Algorithm 1,
-    Lemma 3.1. Spec 004 section 3.1. T.-H. H. Chan, E. Shi, D. Song. Private and
+    Lemma 3.1. T.-H. H. Chan, E. Shi, D. Song. Private and
     continual release of statistics. ACM TISSEC 2011.
 """
 
@@ -75,7 +76,7 @@ def make_expiring_simple(
         ``sensitivity`` at cost epsilon.
 
     References:
-        Andersson et al. 2024, Algorithm 1 and Lemma 3.1; spec 004 section 3.1.
+        Andersson et al. 2024, Algorithm 1 and Lemma 3.1.
     """
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -110,7 +111,7 @@ def max_error_bound(spec: ExpiringSimpleSpec, horizon: int, beta: float) -> floa
     """With probability >= 1 - beta, |Z_t| <= this for all t <= T simultaneously.
 
     sensitivity * ln(T / beta) / epsilon: the Laplace tail P(|Y| >= s b) = e^-s and a
-    union bound over T steps (spec 004 section 3.1), for continuous Laplace noise.
+    union bound over T steps (Andersson et al. (expiration) Sec. 3.1), for continuous Laplace noise.
     """
     _validate.check_int_ge("horizon", horizon, 1)
     _validate.check_probability("beta", beta)
@@ -136,7 +137,7 @@ def step(
         returns the same value for a node every time it is asked.
 
     References:
-        Andersson et al. 2024, Algorithm 1; spec 004 section 3.1.
+        Andersson et al. 2024, Algorithm 1.
     """
     new_state = ExpiringSimpleState(t=state.t + 1, total=state.total + weight)
     terms = release_terms(spec, new_state.t)
@@ -157,7 +158,7 @@ def privacy_loss(spec: ExpiringSimpleSpec, d: int) -> float:
         change in probability by at most exp(epsilon * (tau - j + 1)).
 
     References:
-        Andersson et al. 2024, Lemma 3.1; spec 004 sections 1 and 3.1.
+        Andersson et al. 2024, Definition 1.1 and Lemma 3.1.
     """
     return ceil_float(spec.epsilon * expiration(spec, d))
 

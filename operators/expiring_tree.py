@@ -1,11 +1,12 @@
-"""Continual counting with gradual privacy expiration: the dyadic-interval counter, spec 004.
+"""Continual counting with gradual privacy expiration: the dyadic-interval counter of Andersson et
+al. (expiration).
 
 Algorithm 3 of Andersson et al. (Theorem 1.2), with Algorithm 2 as its lambda = 1, B = 0
 case. The leaf stream x_1, x_2, ... is released as a running sum with delay B:
 
 * for t <= B the release is exactly 0 (no noise, no data);
 * for t > B, with u = t - B, the release is S_u + sum of Z_I over the dyadic intervals I
-  containing u, one per level l = 0..floor(log2 u) (spec 004 section 2, Fact 3.3).
+  containing u, one per level l = 0..floor(log2 u) (Andersson et al. (expiration) Fact 3.3).
 
 The dyadic intervals are I = [k * 2^l, (k + 1) * 2^l - 1] with k >= 1: an interval that
 starts at 0 is never used, so step u needs floor(log2 u) + 1 noise terms and the stream
@@ -20,9 +21,11 @@ rational with 48 significant bits: more noise, so the guarantee below still hold
 Noise is never stored. Interval I at level l with index k has node identity
 ``(*node_prefix, l, k)``; every release asks the NoiseSource for the node of each interval
 it uses, so the keyed production source returns the same Z_I at every step inside I and
-after any replay (spec 004 section 3, "drawn lazily ... never redrawn"; pitfall 5).
+after any replay (noise is drawn lazily and never redrawn: the paper's Sec. 3, and redrawing would
+turn Alg. 3 into something like Alg. 1).
 
-The privacy loss of an item d steps old (d = tau - j + 1, spec 004 section 1) is
+The privacy loss of an item d steps old (d = tau - j + 1: Andersson et al. (expiration) Def. 1.1,
+our reading of its off-by-one, docs/papers.md) is
 epsilon * g(d) with g(d) = 0 for d <= B and otherwise
 g(d) = 2 * sum_{l=0}^{floor(log2(d - B))} (1 + l)^(lambda - 1) (Theorem 1.2 / Lemma 4.1).
 ``canonical_expiration`` gives the tighter worst-case cost of the canonical decomposition
@@ -40,7 +43,8 @@ Example:
 References:
     J. Andersson, M. Henzinger, R. Pagh, T. A. Steiner, J. Upadhyay. Continual Counting
     with Gradual Privacy Expiration. NeurIPS 2024, arXiv:2406.03802. Algorithms 2 and 3,
-    Definition 1.1, Lemma 3.4, Theorem 1.2, Lemma 4.1. Spec 004 sections 1-4.
+    Definition 1.1, Lemma 3.4, Theorem 1.2, Lemma 4.1, Facts 3.2 and 3.3; our readings in
+    docs/papers.md.
 """
 
 from __future__ import annotations
@@ -133,8 +137,7 @@ def make_expiring_tree(
         (1 + l)^(1 - lambda) * sensitivity / epsilon (rounded up when irrational).
 
     References:
-        Andersson et al. 2024, arXiv:2406.03802, Algorithm 3 and Theorem 1.2; spec 004
-        sections 3.3 and 4.1.
+        Andersson et al. 2024, arXiv:2406.03802, Algorithm 3 and Theorem 1.2 (Lemma 4.1).
     """
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -167,7 +170,7 @@ def init(spec: ExpiringTreeSpec) -> ExpiringTreeState:
 
 
 # ---------------------------------------------------------------------------------------
-# Dyadic intervals (spec 004 section 2)
+# Dyadic intervals (Andersson et al. (expiration) Facts 3.2 and 3.3)
 
 
 def intervals_containing(u: int) -> list[Interval]:
@@ -283,8 +286,8 @@ def delayed_index(spec: ExpiringTreeSpec, t: int) -> int:
 def release_terms(spec: ExpiringTreeSpec, t: int) -> list[Term]:
     """The noisy nodes whose sum is the noise of the release at step t (public).
 
-    None for t <= B; else one node per interval of I_u, u = t - B (pitfall 4: indexed by
-    u, not t), lowest level first.
+    None for t <= B; else one node per interval of I_u, u = t - B (indexed by
+    u, not t, as the proof of Thm 1.2 needs), lowest level first.
 
     Args:
         spec: the counter's parameters.
@@ -312,9 +315,9 @@ def std(spec: ExpiringTreeSpec, t: int) -> float:
 def variance(spec: ExpiringTreeSpec, t: int, *, continuous: bool = False) -> float:
     """Noise variance at step t; ``continuous`` uses the paper's Lap variance 2 b^2.
 
-    Spec 004 section 4.2: (2 / eps^2) * sum_{l <= floor(log2 u)} (1 + l)^(2 - 2 lambda)
-    (times sensitivity^2) in the continuous case; the releases carry the exact discrete
-    Laplace variance, which is smaller.
+    Andersson et al. (expiration) Thm 1.2 (our exact form): (2 / eps^2) * sum_{l <= floor(log2 u)}
+    (1 + l)^(2 - 2 lambda) (times sensitivity^2) in the continuous case; the releases carry the
+    exact discrete Laplace variance, which is smaller.
     """
     var = laplace_variance if continuous else discrete_laplace_variance
     return math.fsum(var(scale) for _, scale, _ in release_terms(spec, t))
@@ -348,9 +351,9 @@ def concentration_bound(spec: ExpiringTreeSpec, t: int, beta: float) -> float:
     """Lemma B.3 bound s with P(|noise_t| > s) <= beta for continuous Laplace noise.
 
     nu = max(sqrt(sum b_l^2), b_max * sqrt(ln(2/beta))) and s = nu * sqrt(8 ln(2/beta))
-    (spec 004 section 4.2). It is the paper's bound; the release's own ``ci95`` is the
-    exact Chernoff bound of the discrete noise it actually adds. The delay bias (at most
-    B times the largest leaf weight) comes on top.
+    (Andersson et al. (expiration) Lemma B.3 with a union bound). It is the paper's bound; the
+    release's own ``ci95`` is the exact Chernoff bound of the discrete noise it actually adds. The
+    delay bias (at most B times the largest leaf weight) comes on top.
 
     Args:
         spec: the counter's parameters.
@@ -376,8 +379,9 @@ def step(
 
     The weight enters a FIFO of length B; the weight leaving it joins S_u. The release is
     S_u plus the keyed noise of the intervals containing u = t - B (exactly 0 while
-    t <= B). Noise is recomputed from node ids, never stored (streaming form of spec 004
-    section 3.3, recomputing N from the per-level values as pitfall 6 advises).
+    t <= B). Noise is recomputed from node ids, never stored (our streaming form of
+    Andersson et al. (expiration) Alg. 3; the sum is recomputed from the per-level values, never
+    kept as a running float).
 
     Args:
         spec: the counter's parameters.
@@ -394,7 +398,7 @@ def step(
         the same value for a node every time it is asked (KeyedNoise does).
 
     References:
-        Andersson et al. 2024, arXiv:2406.03802, Algorithm 3; spec 004 section 3.3.
+        Andersson et al. 2024, arXiv:2406.03802, Algorithm 3.
     """
     t = state.t + 1
     pending = (*state.pending, weight)
@@ -407,7 +411,7 @@ def step(
 
 
 # ---------------------------------------------------------------------------------------
-# Privacy expiration (spec 004 sections 1, 4.1 and 5)
+# Privacy expiration (Andersson et al. (expiration) Def. 1.1, Thm 1.2, Sec. 6)
 
 
 def ceil_float(value: Fraction) -> float:
@@ -427,7 +431,7 @@ def expiration(spec: ExpiringTreeSpec, d: int) -> Fraction:
 
     Args:
         spec: the counter's parameters.
-        d: elapsed time >= 1 (d = 1 is the item of the current step; spec 004 pitfall 1).
+        d: elapsed time >= 1 (d = 1 is the item of the current step; Def. 1.1, our reading).
 
     Returns:
         g(d) as a Fraction.
@@ -452,10 +456,10 @@ def privacy_loss(spec: ExpiringTreeSpec, d: int) -> float:
     Privacy:
         For neighbours differing at step j by at most ``sensitivity``, the whole sequence
         of releases 1..tau changes in probability by at most exp(privacy_loss(spec,
-        tau - j + 1)) (Definition 1.1 with the off-by-one of spec 004 section 1 fixed).
+        tau - j + 1)) (Definition 1.1 with its off-by-one read as in docs/papers.md).
 
     References:
-        Andersson et al. 2024, Theorem 1.2 / Lemma 4.1; spec 004 section 4.1.
+        Andersson et al. 2024, Theorem 1.2 / Lemma 4.1.
     """
     return ceil_float(spec.epsilon * expiration(spec, d))
 
@@ -488,12 +492,12 @@ def coupling_cost(spec: ExpiringTreeSpec, j: int, tau: int) -> Fraction:
 def canonical_expiration(spec: ExpiringTreeSpec, d: int) -> Fraction:
     """max over j of ``coupling_cost(spec, j, j + d - 1)``, in units of epsilon.
 
-    The paper's "empirical" privacy loss (spec 004 section 5). [j, j + m - 1] (m = d - B)
-    splits at the highest bit where j and j + m differ into a rising run, whose blocks
+    The paper's "empirical" privacy loss (Andersson et al. (expiration) Sec. 6). [j, j + m - 1] (m =
+    d - B) splits at the highest bit where j and j + m differ into a rising run, whose blocks
     are the bits of some r in [1, m], and a falling run with the bits of m - r; every
     split r is realised by some j. So the maximum is max_r w(r) + w(m - r), w(n) the sum
     of level_cost over the bits of n, found by a carry DP over the bits of m in
-    O(log m). Not monotone in d (pitfall 9); ``expiration`` is the monotone bound.
+    O(log m). Not monotone in d (docs/papers.md); ``expiration`` is the monotone bound.
 
     Args:
         spec: the counter's parameters.
@@ -540,7 +544,8 @@ def expiration_curve(
         spec: the counter's parameters.
         d_max: last elapsed time, >= 1.
         canonical: report the worst-case canonical cost (tighter, not monotone) instead
-            of the Theorem 1.2 bound. Say which one a dashboard shows (pitfall 7).
+            of the Theorem 1.2 bound. Both are upper bounds, not measured losses:
+            say which one a dashboard shows.
 
     Returns:
         The losses, index d - 1.

@@ -1,6 +1,6 @@
 """The exponential mechanism, sampled exactly with randomness from a NoiseSource.
 
-Spec 003's private interval (Alg. 3, section 2.4) and private quantiles (section 2.5) pick
+Rameshwar et al.'s private interval (Alg. 3, Sec. III-D) and private quantiles (Sec. III-E) pick
 one of finitely many candidates i with probability proportional to
 
     w_i = a_i * exp(-gamma_i),

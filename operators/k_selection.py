@@ -1,12 +1,12 @@
-"""k-selection under user-level DP, spec 001 section 2.9 (Alg. 6): max, median, any k.
+"""k-selection under user-level DP, Dong-Luo-Yi Alg. 6: max, median, any k.
 
 o_{t,1} >= o_{t,2} >= ... are the items of D_t (values in [domain], ties broken by time),
 o_{t,k} = 0 when k > |D_t|. The mechanism releases an estimate o~ that is, with
 probability >= 1 - beta, never ABOVE o_{t,k} (one-way rank error, ``rank_error``).
 
-Alg. 6: pad the domain to a power of two R (pitfall P7) and run LOG R + 1 user-level
-histograms H_i (``user_level``, Alg. 5 with R / 2^(i-1) bins, each with epsilon/(LOG R + 1)
-and beta/(LOG R + 1), its own tracker and truncation by the user's TOTAL rank, P6); bin
+Alg. 6: pad the domain to a power of two R (our correction, docs/papers.md) and run LOG R + 1
+user-level histograms H_i (``user_level``, Alg. 5 with R / 2^(i-1) bins, each with epsilon/(LOG R +
+1) and beta/(LOG R + 1), its own tracker and truncation by the user's TOTAL rank, Sec. IV-B); bin
 b of level i counts the items in [(b-1) 2^(i-1) + 1, b 2^(i-1)]. At each tick, S(r) is the
 sum of the noisy counts over the canonical dyadic decomposition of [r, R] (at most LOG R
 bins), and the output is the LARGEST r with S(r) >= k + Delta (a scan from the top; 0 =
@@ -25,15 +25,15 @@ Options (all public, fixed in the spec):
   of the sum of the discrete Laplace terms S(r) is made of (public scales; exact moment
   generating functions, minimised over a fixed lambda grid; the union bound over r gives
   the same all-r guarantee as eq. (3), typically 10^2 times smaller). "zero" is
-  the TEST HOOK Delta = 0 of oracle 8 (no one-way guarantee).
-* ``practical`` (section 2.6): tracker from tau = 64 with the shifted series. It no
+  the TEST HOOK Delta = 0 (no one-way guarantee).
+* ``practical`` (App. C-A): tracker from tau = 64 with the shifted series. It no
   longer halves Delta: the paper's Appendix C-A also uses the threshold k + Delta/2, but
   that is a separate opt-in, ``halve_delta`` (default False), because the one-way
   guarantee then no longer holds with probability 1 - beta (the paper's trade-off for its
   loose Delta; measured with the Chernoff Delta: P(o~ > o_{t,k}) above beta).
-* ``dyadic=False`` (section 2.6, the paper's F_max experiments): ONE finest histogram with
+* ``dyadic=False`` (App. C-A, the paper's F_max experiments): ONE finest histogram with
   the full epsilon answers the suffix sums S(r) = sum_{x >= r} H(x); its Delta is
-  sqrt(#bins in the suffix) * Noise_U of one bin (spec 001 section 8's suggestion) or the
+  sqrt(#bins in the suffix) * Noise_U of one bin (our choice; the paper leaves it open) or the
   Chernoff bound of the suffix's terms.
 * ``quantile`` (Remark 1, e.g. the median q = 1/2): k_t = max(1, ceil(q * n~_t)) where
   n~_t is the noisy |D_t| that the histograms already release (the single top bin of
@@ -57,8 +57,8 @@ Privacy:
 
 References:
     W. Dong, Q. Luo, K. Yi. Continual Observation under User-level Differential Privacy.
-    IEEE S&P 2023. Alg. 6, eq. (3), Thm IV.2, Remarks 1-2, Appendix C-A. Spec 001 sections
-    2.6, 2.9, 6 (oracle 8, Example G), 7 (P6, P7), 8.
+    IEEE S&P 2023. Alg. 6, eq. (3), Thm IV.2, Remarks 1-2, Appendix C-A; our corrections
+    of Alg. 6 in docs/papers.md.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ Bin = tuple[int, int]
 
 
 def padded_domain(R: int) -> int:  # noqa: N803 - paper notation
-    """The smallest power of two >= max(R, 2): the domain Alg. 6 runs on (pitfall P7)."""
+    """The smallest power of two >= max(R, 2): the domain Alg. 6 runs on (our correction)."""
     _validate.check_int_ge("R", R, 1)
     return max(2, 1 << (R - 1).bit_length())
 
@@ -91,7 +91,7 @@ def num_levels(R: int) -> int:  # noqa: N803
 
 
 def level_bins(R: int, level: int) -> int:  # noqa: N803
-    """R / 2^(i-1): the number of bins of level i (spec 001 P7: not 2^(i-1))."""
+    """R / 2^(i-1): the number of bins of level i (Alg. 6 prints 2^(i-1); our correction)."""
     return R >> (level - 1)
 
 
@@ -107,12 +107,16 @@ def bin_interval(level: int, b: int) -> tuple[int, int]:
 
 
 def dyadic_decomposition(r: int, R: int) -> tuple[Bin, ...]:  # noqa: N803
-    """The canonical dyadic decomposition of [r, R] (spec 001 section 2.9).
+    """The canonical dyadic decomposition of [r, R] (Dong-Luo-Yi Alg. 6).
 
     Start at r and repeatedly take the largest aligned block [r, r + 2^s - 1] with
     (r - 1) mod 2^s = 0 and r + 2^s - 1 <= R. For R = 8: [2, 8] = [2,2] u [3,4] u [5,8]
     and [6, 8] = [6,6] u [7,8]. At most log2 R blocks (one per level below the top,
     or the single top block when r = 1).
+
+    Example:
+        >>> dyadic_decomposition(2, 8)  # (level, bin): [2,2], [3,4], [5,8]
+        ((1, 2), (2, 2), (3, 2))
 
     Args:
         r: left end, 1 <= r <= R (r = R + 1 gives the empty decomposition).
@@ -209,7 +213,7 @@ def delta_eq3(
 
 
 def rank_error(counts: Sequence[int], k: int, estimate: int) -> float:
-    """One-way rank error xi of ``estimate`` for the k-th largest item (spec 001 section 2.9).
+    """One-way rank error xi of ``estimate`` for the k-th largest item (Dong-Luo-Yi Alg. 6).
 
     xi = inf if estimate > o_k; else max{k' - k : o_k' >= estimate}. Items with equal
     values are ordered by timestamp (the paper assumes distinct items), and an estimate
@@ -254,7 +258,7 @@ def true_kth(counts: Sequence[int], k: int) -> int:
 def _check_power_of_two(name: str, value: int) -> None:
     _validate.check_int_ge(name, value, 2)
     if value & (value - 1):
-        raise _validate.invalid(name, "a power of two (pad the domain, spec 001 P7)", value)
+        raise _validate.invalid(name, "a power of two (pad the domain, Dong-Luo-Yi Alg. 6)", value)
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,7 +378,7 @@ class KSelectionSpec:
         k: the public rank asked for (1 = max), or 0 when ``quantile`` is used.
         quantile: q in (0, 1] for k_t = max(1, ceil(q n~_t)) (1/2: median), 0 if k is fixed.
         epsilon: total budget; beta: total failure probability; theta: series shape.
-        dyadic: LOG R + 1 histograms (Alg. 6) or one finest histogram (section 2.6).
+        dyadic: LOG R + 1 histograms (Alg. 6) or one finest histogram (App. C-A).
         levels: the histograms' specs (level 1 = finest).
         delta_mode: "eq3", "chernoff" or "zero" (module docstring).
         delta_factor: 1, or 1/2 with ``halve_delta`` (threshold k + Delta/2, no one-way
@@ -465,13 +469,13 @@ def make_k_selection(
         k: rank >= 1 (1 = max); ignored when ``quantile`` is given.
         quantile: q in (0, 1] for a private rank k_t = ceil(q n~_t) (1/2: median).
         dyadic: Alg. 6's LOG R + 1 histograms (True) or one finest histogram (False).
-        practical: section 2.6 tracker (tau~ from 64, shifted series).
+        practical: App. C-A tracker (tau~ from 64, shifted series).
         halve_delta: threshold k + Delta/2 (Appendix C-A's practical threshold); default
             False, whatever ``practical``: only the full Delta keeps the one-way guarantee
             P(o~ <= o_{t,k}) >= 1 - beta.
         delta_mode: "eq3", "chernoff" or "zero" (test hook).
         search: "scan" or "bisect".
-        any_subset: node multiplier 2 (pitfall P1).
+        any_subset: node multiplier 2 (any-subset neighbours, docs/papers.md).
         practical_instances: shifted series for the instances too.
         forced_schedule: TEST HOOK forcing every level's tau~ (not private).
 
@@ -679,5 +683,5 @@ def spent_epsilon(spec: KSelectionSpec, state: KSelectionState) -> Fraction:
 
 
 def exact_counts(spec: KSelectionSpec, state: KSelectionState) -> tuple[int, ...]:
-    """The finest level's F_ht(Truncate(D_t, tau~^1_t)) (oracle 8 with noise 0)."""
+    """The finest level's F_ht(Truncate(D_t, tau~^1_t)) (the scan's target with noise 0)."""
     return ul.exact_values(spec.levels[0], level_state(state, 0))

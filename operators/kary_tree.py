@@ -1,21 +1,22 @@
-"""k-ary tree counters, with and without subtraction, on an infinite stream (spec 002).
+"""k-ary tree counters, with and without subtraction, on an infinite stream
+(Andersson-Pagh-Torkamani).
 
-Spec 002 (Andersson, Pagh, Torkamani) releases the running count S(t) of a stream of
+Andersson-Pagh-Torkamani (arXiv:2408.07021) release the running count S(t) of a stream of
 known length T as S(t) plus the noise of a few nodes of a complete k-ary tree of height
 h = h(T). Alg. 1 adds up to k - 1 left children per level (the digits of t in base k);
 Alg. 2 (odd k) uses balanced digits in [-m, m], m = (k - 1) / 2, so it adds the parent and
 *subtracts* right-most children instead of adding many left ones; for even k the same
-algorithm runs with digits in [-k/2 + 1, k/2] (App. A.3, section 3.5; about 1/(1 - 1/k^2)
+algorithm runs with digits in [-k/2 + 1, k/2] (App. A.3; about 1/(1 - 1/k^2)
 worse than odd k, so not the default). Every node has
 Laplace scale h * sensitivity / epsilon; a release at t uses w(t) = ||digits of t||_1 nodes.
 
-**Infinite streams (our choice; spec 002 leaves this out of scope, section 1).** Time is
-cut into periods, in the same way as the binary tree of ``tree_counter`` (spec 001
-section 2.2). Period p = 0, 1, 2, ... covers the k^p global steps
-t in [g_p, g_p + k^p - 1], g_p = 1 + (k^p - 1) / (k - 1), and runs spec 002's algorithm
+**Infinite streams (our choice; the paper only says a standard reduction applies).** Time is
+cut into periods, in the same way as the binary tree of ``tree_counter`` (Dong-Luo-Yi
+Alg. 2). Period p = 0, 1, 2, ... covers the k^p global steps
+t in [g_p, g_p + k^p - 1], g_p = 1 + (k^p - 1) / (k - 1), and runs the paper's algorithm
 verbatim for horizon T_p = k^p, on its own leaves, with the whole epsilon:
 
-* both height rules of spec 002 section 2 give h_p = p + 1 at T = k^p, so every node of
+* both height rules (Alg. 1 and Alg. 2) give h_p = p + 1 at T = k^p, so every node of
   period p has scale (p + 1) * sensitivity / epsilon, exactly the paper's h / epsilon;
 * k^p has the digit vector (0, ..., 0, 1) in both digit systems, so the release at the
   period's last step is ONE node, [1, k^p] at level p + 1. That node is the period's
@@ -31,14 +32,14 @@ So a release in period p, at the period's local step tau, is
 
 with V the discrete Laplace variance (or 2 b^2 for the paper's continuous Laplace).
 
-Alternatives we rejected (exact MSE of spec 002 section 5.1, k = 19 with subtraction,
+Alternatives we rejected (exact MSE, our formulas from Lemmas 3.5 and 4.7, k = 19 with subtraction,
 300 horizons T in [10^2, 10^12]): (a) periods of full capacity (k^h - 1) / 2 closed by
 the otherwise unused root as the total: an extra level, so scale (h + 1) / epsilon for
 the whole period; at best 1.5% better, 8% worse on average, up to 49% worse, and no
 binary-tree equivalence; (b) full-capacity periods carrying their last release
 (w = h * m nodes) as the total: the carried variance grows like log(t)^4, 1.7 times worse
 at T = 10^6 and 3.3 times at 10^9; (c) a configured horizon T with a fresh tree on
-overrun (pitfall 10): it needs T up front, and the overrun needs a scheme like this one
+overrun: it needs T up front, and the overrun needs a scheme like this one
 anyway. The price of not knowing T: at T = 10^6 this mechanism's MSE is 1.42 times that
 of the paper's tree built for exactly T = 10^6 (1.06 times at 10^9); binary pays 1.36
 times for the same doubling (``docs/kary-mse.md``).
@@ -47,13 +48,14 @@ times for the same doubling (``docs/kary-mse.md``).
 ``(*node_prefix, mechanism, k, period, level, index)``, with level 1 the leaves and
 ``index`` the 0-based position of the node [index * k^(level-1) + 1, (index+1) * k^(level-1)]
 in the period's local time; mechanism and k are part of the name so that two counters
-of different shape under one prefix never share noise (pitfall 7). Each release asks
-the NoiseSource for every node it uses; a keyed source re-derives the same value after a
-replay (pitfall 6), and ``CachedNoise`` makes the repeated asks cheap.
+of different shape under one prefix never share noise (differencing them would cancel it). Each
+release asks the NoiseSource for every node it uses; a keyed source re-derives the same value after
+a replay (a node's noise is shared by all its releases, never redrawn), and ``CachedNoise`` makes
+the repeated asks cheap.
 
-**Streaming cost (spec 002 section 3.7).** The state is (t, S(t)): the digits and the
+**Streaming cost (Sec. 4.3, Lemma 4.12).** The state is (t, S(t)): the digits and the
 node walk are recomputed from t at each step in O(k log t) integer operations (the
-"simplest correct alternative" of section 3.7), which the release itself costs anyway,
+simplest correct streaming form), which the release itself costs anyway,
 since it re-reads the noise of its w(t) <= h * (k - 1) nodes. The live noise values are
 P(t) plus one total per completed period, O(k log t); each node is drawn once (it is
 used on one contiguous run of steps, Prop. 4.10), so with ``CachedNoise`` the new draws
@@ -63,7 +65,7 @@ References:
     J. D. Andersson, R. Pagh, S. Torkamani. Improved Counting under Continual
     Observation with Pure Differential Privacy, 2024, arXiv:2408.07021 (FORC 2025:
     "Count on Your Elders: Laplace vs Gaussian Noise"). Alg. 1, Alg. 2, Alg. 3,
-    Lemmas 3.3, 3.5, 4.5, 4.7, Cor. 4.9. Spec 002 sections 2, 3.1-3.3, 3.6, 3.7, 5.1, 9.
+    Lemmas 3.3, 3.5, 4.5, 4.7, Cor. 4.9, Sec. 4.3; our corrections in docs/papers.md.
     T.-H. H. Chan, E. Shi, D. Song. Private and continual release of statistics.
     ACM TISSEC 2011 (periods of growing length for unknown T).
 """
@@ -157,7 +159,7 @@ def make_kary_tree(
         noisy nodes (Alg. 2 has the output distribution of Alg. 3, Prop. 4.3).
 
     References:
-        Spec 002 sections 3.2, 3.3, 4 and pitfalls 2, 11; Alg. 1 and 2.
+        Andersson-Pagh-Torkamani Alg. 1 and 2, Lemmas 3.3 and 4.5; App. A.3.
     """
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -167,7 +169,7 @@ def make_kary_tree(
     _validate.check_int_ge("k", k, 2)
     if subtract and k < 3:
         # Odd k: Alg. 2's balanced digits; even k: App. A.3's digits in [-k/2 + 1, k/2]
-        # (spec 002 section 3.5, pitfall 11). k = 2 would be Alg. 1 under another name.
+        # (Andersson-Pagh-Torkamani App. A.3). k = 2 would be Alg. 1 under another name.
         raise _validate.invalid("k", ">= 3 when subtract is True", k)
     if not isinstance(node_prefix, (tuple, list)) or not all(
         isinstance(v, (str, int)) and not isinstance(v, bool) for v in node_prefix
@@ -206,7 +208,7 @@ def step(
         See ``make_kary_tree``. The nodes used depend on t only; S(t) is exact.
 
     References:
-        Alg. 2 line 14 (output S(t) + noise); spec 002 section 3.7.
+        Alg. 2 line 14 (output S(t) + noise); Sec. 4.3.
     """
     new_state = KaryTreeState(t=state.t + 1, total=state.total + weight)
     release = noisy_release(new_state.t, new_state.total, release_terms(spec, new_state.t), noise)
@@ -256,7 +258,7 @@ def release_terms(spec: KaryTreeSpec, t: int) -> list[Term]:
         The terms (node id, scale, sign).
 
     References:
-        Spec 002 section 3.1 (walk), Alg. 2 lines 6-13, Alg. 3 lines 11-16.
+        Alg. 2 lines 6-13 and Alg. 3 lines 11-16 (the walk).
     """
     period, tau = period_of(spec.k, t)
     prefix = (*spec.node_prefix, mechanism(spec), spec.k)
@@ -289,7 +291,7 @@ def variance(spec: KaryTreeSpec, t: int, continuous: bool = False) -> float:
         The variance.
 
     References:
-        Spec 002 section 5.1 and pitfall 14.
+        Lemmas 3.5 and 4.7 (our exact form for any T); Laplace variance 2 b^2.
     """
     period, tau = period_of(spec.k, t)
     weight = sum(abs(d) for d in _digits(tau, spec.k, spec.subtract, period + 1))
@@ -300,7 +302,7 @@ def variance(spec: KaryTreeSpec, t: int, continuous: bool = False) -> float:
 def mse(spec: KaryTreeSpec, horizon: int, continuous: bool = False) -> float:
     """Exact mean squared error (1/T) sum_{t=1..T} Var(M_t) over steps 1..horizon.
 
-    Computed per period with spec 002's O(hk) digit-count formula for sum_tau w(tau), so
+    Computed per period with our O(hk) digit-count formula for sum_tau w(tau), so
     it costs O(k log(T)^2) integer operations even for T = 10^12.
 
     Args:
@@ -312,7 +314,7 @@ def mse(spec: KaryTreeSpec, horizon: int, continuous: bool = False) -> float:
         The MSE (same unit as the squared counts).
 
     References:
-        Spec 002 section 5.1 (W(T) via cnt_j).
+        Lemmas 3.5 and 4.7, our exact form (W(T) via cnt_j).
     """
     _validate.check_int_ge("horizon", horizon, 1)
     last, _ = period_of(spec.k, horizon)
@@ -337,14 +339,15 @@ def _node_variances(spec: KaryTreeSpec, last: int, continuous: bool) -> list:
 
 
 # ---------------------------------------------------------------------------------------
-# Spec 002's single tree (the building block of each period; also the paper's numbers)
+# Andersson-Pagh-Torkamani's single tree (the building block of each period; also the paper's
+# numbers)
 
 
 def tree_height(k: int, subtract: bool, horizon: int) -> int:
-    """Height h of spec 002's tree for a stream of known length T (integer loop).
+    """Height h of the paper's tree for a stream of known length T (integer loop).
 
     Alg. 1: the smallest h with k^h - 1 >= T. Alg. 2: the smallest h with
-    (k^h - 1) / 2 >= T. No floating logs (spec 002 pitfall 1).
+    (k^h - 1) / 2 >= T. No floating logs: they fail just above powers of k.
     """
     _validate.check_int_ge("horizon", horizon, 1)
     height = 0
@@ -384,7 +387,7 @@ def weight_sum(k: int, subtract: bool, height: int, n: int) -> int:
         The integer W(n).
 
     References:
-        Spec 002 section 5.1 ("Fast W(T)").
+        Our exact form of Lemmas 3.5 and 4.7 (fast W(T)).
     """
     if not 0 <= n <= tree_capacity(k, subtract, height):
         raise _validate.invalid("n", f"in [0, {tree_capacity(k, subtract, height)}]", n)
@@ -409,10 +412,10 @@ def _digit_count(k: int, level: int, v: int, bound: int) -> int:
 
 
 def fixed_tree_mse(k: int, subtract: bool, horizon: int) -> Fraction:
-    """MSE * epsilon^2 of spec 002's single tree built for a known T, continuous Laplace.
+    """MSE * epsilon^2 of the paper's single tree built for a known T, continuous Laplace.
 
     (2 h^2) W(T) / T with h = tree_height(k, subtract, T): the paper's error, exactly, for
-    reproducing its numbers (spec 002 section 6.2). Not the error of this module's
+    reproducing its numbers (experiments/kary_mse.py). Not the error of this module's
     infinite-stream mechanism (see ``mse``).
 
     Args:
@@ -424,14 +427,15 @@ def fixed_tree_mse(k: int, subtract: bool, horizon: int) -> Fraction:
         The exact rational MSE * epsilon^2 (sensitivity 1).
 
     References:
-        Spec 002 sections 5.1 and 6.2; Lemmas 3.5 and 4.7 at T = T_cap.
+        Andersson-Pagh-Torkamani Lemmas 3.5 and 4.7 (closed forms at T = T_cap; ours for any T).
     """
     height = tree_height(k, subtract, horizon)
     return Fraction(2 * height * height * weight_sum(k, subtract, height, horizon), horizon)
 
 
 def asymptotic_constant(k: int, subtract: bool) -> float:
-    """C with MSE ~ (C / epsilon^2) log2(T)^3 (spec 002 section 5.3).
+    """C with MSE ~ (C / epsilon^2) log2(T)^3 (Andersson-Pagh-Torkamani Thm 1.1, Thm 3.7, Cor. 4.9,
+    Cor. A.7).
 
     Alg. 1: (k - 1) / log2(k)^3 (Thm 3.7 without its misprinted extra h); Alg. 2:
     k (1 - 1/k^2) / (2 log2(k)^3) (Cor. 4.9). These are the paper's constants for a
@@ -464,11 +468,11 @@ def _digits(t: int, k: int, subtract: bool, height: int) -> tuple[int, ...]:
 
 
 def _walk(digits: tuple[int, ...], k: int) -> list[tuple[int, int, int]]:
-    """Spec 002 section 3.1: (level, index, sign) of each node, most significant first.
+    """The walk of Algs. 2 and 3: (level, index, sign) of each node, most significant first.
 
     A positive digit adds the next left child [p+1, p+k^(l-1)]; a negative one subtracts
-    the right child [p-k^(l-1)+1, p]. The order matters (pitfall 4): it is what makes
-    each node's identity and sign independent of t.
+    the right child [p-k^(l-1)+1, p]. The order matters (most significant digit first): it is what
+    makes each node's identity and sign independent of t.
     """
     out = []
     p = 0
@@ -516,11 +520,12 @@ def choose_tree(
         InvalidOperatorConfig: a parameter is out of range.
 
     Privacy:
-        Free: the choice is a function of public parameters only (spec 002 section 3.6).
+        Free: the choice is a function of public parameters only (our choice; docs/papers.md).
         The chosen counter then spends ``epsilon`` as documented in ``make_kary_tree``.
 
     References:
-        Spec 002 section 3.6 ("k = auto") and pitfall 15.
+        Our "k = auto" rule on top of Andersson-Pagh-Torkamani Cor. 4.9 (k = 19); Alg. 1 can win at
+        small T.
     """
     _validate.check_int_ge("horizon", horizon, 1)
     candidates = [("binary", 2, False)]

@@ -1,9 +1,9 @@
-"""Naive continual mean, Algorithm 2 of spec 000 (section 2.3): one BinMech over all samples.
+"""Naive continual mean, George et al. Alg. 2: one BinMech over all samples.
 
 Every used sample is a leaf of one BinMech (``binary_mechanism``) with capacity T, and the
 release is mu^_t = BinMech.Sum / t. A user changes at most m leaves by at most G grid
 units each (the sample range), so the leaf vector moves by at most m G in L1 and the node
-scale is eta = m G (1 + floor(log2 T)) / eps (E1: T = 1024, m = 8, eps = 0.5 gives
+scale is eta = m G (1 + floor(log2 T)) / eps (e.g. T = 1024, m = 8, eps = 0.5 gives
 eta = 176 per unit of range). The privacy term of the error is linear in m (eq. (1)),
 against sqrt(M_t) for Algorithm 6 (``continual_mean``): this is the baseline it improves.
 
@@ -19,7 +19,7 @@ Privacy:
 
 References:
     A. George, L. Ramesh, A. V. Singh, H. Tyagi. Continual Mean Estimation Under
-    User-Level Privacy. Alg. 2, eq. (1). Spec 000 sections 2.1, 2.3, E1.
+    User-Level Privacy. Alg. 1, Alg. 2, eq. (1).
 """
 
 from __future__ import annotations

@@ -64,6 +64,14 @@ def node_bytes(node: NodeId) -> bytes:
     Each field is a type tag, an 8-byte length and the payload, so that no two distinct
     nodes share an encoding: ("a1",) != ("a", 1) and ("1",) != (1,).
 
+    Example:
+        >>> node_bytes(("a1",)) == node_bytes(("a", 1))
+        False
+        >>> node_bytes(("1",)) == node_bytes((1,))
+        False
+        >>> node_bytes(("clicks", 3)) == node_bytes(("clicks", 3))
+        True
+
     Args:
         node: tuple of str and int fields.
 

@@ -1,11 +1,12 @@
-"""Baseline B0 of spec 000 (section 2.2): a fresh Laplace release of the running mean per step.
+"""The per-step baseline of George et al. (Sec. 1.1): a fresh Laplace release of the running mean
+per step.
 
 At tick t the running sum of the used samples gets fresh discrete Laplace noise of scale
 M_t G / eps_step units, M_t = max_u m_u(t) (public: the arrival pattern), because one user
 moves the sum by at most M_t samples of range G. Each release costs eps_step, so the
 declared ``horizon`` of T ticks is charged eps_step = eps / T each (basic composition) and
 a tick beyond it raises ``BudgetExceededError``. The error O(1/sqrt(t) + M_t T / (t eps))
-does not decay in t (spec 000 section 2.2): useful only as an experimental baseline.
+does not decay in t (George et al. Sec. 1.1): useful only as an experimental baseline.
 
 Input per tick: ``samples``, ``sample_sum`` and ``max_count`` of ``continual_mean``'s
 merged ``TickMessage`` (``max_count`` is cumulative; its merge is a max).
@@ -16,7 +17,7 @@ Privacy:
 
 References:
     A. George, L. Ramesh, A. V. Singh, H. Tyagi. Continual Mean Estimation Under
-    User-Level Privacy. Section 1.1. Spec 000 section 2.2.
+    User-Level Privacy. Section 1.1.
 """
 
 from __future__ import annotations

@@ -1,35 +1,35 @@
-"""PrivateInterval (Alg. 3) of the Levy mechanism, spec 003 §2.4 and §2.6.
+"""PrivateInterval (Alg. 3) of the Levy mechanism, Rameshwar et al. Sec. III-D.
 
 Given the K_bar array means A_1..A_K (reals in [lo, hi]) and a public concentration radius
 tau, the interval [a, b] that Levy projects onto is chosen privately:
 
 1. bins ((k-1) tau, k tau] relative to lo, k = 1..nb, nb = ceil((hi - lo) / tau) (the
-   paper's "U / tau bins", rounded up, pitfall 5); candidates are the bin centres
+   paper's "U / tau bins", rounded up: our correction); candidates are the bin centres
    x_k = lo + (k - 1/2) tau;
 2. every mean is replaced by the centre of its bin, mu_i = x_k with
    k = clamp(ceil((A_i - lo) / tau), 1, nb) (the paper's "min" is an argmin; A_i = lo maps
    to bin 1);
 3. c(x) = max(#{i: mu_i < x}, #{i: mu_i > x}) and the centre is drawn with
    P(x) proportional to exp(-epsilon c(x) / (4 s)), epsilon the Levy call's TOTAL budget
-   (pitfall 4), s = 1 for BestFit and 2 for WrapAround (§2.6);
+   (not epsilon / 2), s = 1 for BestFit and 2 for WrapAround (docs/papers.md);
 4. [a, b] = [max(lo, x - 3 tau / 2), min(x + 3 tau / 2, hi)].
 
 Privacy:
     Under BestFit one user's values move one array mean, hence one mu_i, hence every c(x)
     by at most 1; under WrapAround by at most 2. With weights exp(-epsilon c / (4 s)) the
     choice is (epsilon / 2)-DP for user-level (value) neighbours with public counts
-    (spec 003 §1), the other half of Levy's budget going to the mean. Sampled exactly
+    (Rameshwar et al. Sec. II-D), the other half of Levy's budget going to the mean. Sampled exactly
     (``exponential_mechanism``).
 
 tau (eq. 8) is U sqrt(ln(2 K_bar / gamma) / (2 m_UB)), a function of the public counts; it
 is computed in floating point and rounded to a multiple of 2^-16 grid units (``tau``) so
-that bins and bounds are exact rationals [C]. Any public tau is private; only accuracy
+that bins and bounds are exact rationals (our choice). Any public tau is private; only accuracy
 depends on it.
 
 References:
-    Spec 003 §2.4, §2.6, E3. D. Levy, Z. Sun, K. Amin, S. Kale, A. Kulesza, M. Mohri,
-    A. T. Suresh. Learning with user-level privacy. NeurIPS 2021, arXiv:2102.11845,
-    Algorithm 6 (the subroutine Alg. 3 adapts).
+    Rameshwar et al. Sec. III-D, Alg. 3, eqs. (7)-(9). D. Levy, Z. Sun, K. Amin, S. Kale, A.
+    Kulesza, M. Mohri, A. T. Suresh. Learning with user-level privacy. NeurIPS 2021,
+    arXiv:2102.11845, Algorithm 6 (the subroutine Alg. 3 adapts).
 """
 
 from __future__ import annotations

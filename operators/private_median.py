@@ -1,4 +1,4 @@
-"""PrivateMedian, Algorithm 7 of spec 000: a coarse private mean for level l >= 2 (section 2.9).
+"""PrivateMedian, George et al. Alg. 7: a coarse private mean for level l >= 2.
 
 K = ceil(k) arrays of exactly s = 2^(l-1) samples each are filled with the users' first
 r_u = min(m_u(t), s) samples, user after user in a data-independent order, contiguously
@@ -28,17 +28,18 @@ touches the draw (Ilvento 2020 on floating-point exponential mechanisms).
 
 A source that returns 0 on 64 consecutive draws is ``ZeroNoise`` (a real source does so
 with probability below 2^-1300): the result is then the eps' -> infinity limit, the
-midpoint of least c (the binned median, spec 000 section 7 oracle 8). NOT private; tests.
+midpoint of least c (the binned median). NOT private; tests.
 
 Privacy:
     eps'-DP for user-level neighbours (one user's samples change): the user lies in at most
     2 arrays, each moves c(y) by at most 1, so c has sensitivity 2 and the exponential
-    mechanism exp(-eps' c / (2 * 2)) is eps'-DP (Claim E.1; pitfall P10: not eps'/2).
+    mechanism exp(-eps' c / (2 * 2)) is eps'-DP (Claim E.1; not eps'/2, whose sensitivity would be
+    1).
 
 References:
     A. George, L. Ramesh, A. V. Singh, H. Tyagi. Continual Mean Estimation Under
-    User-Level Privacy. Alg. 7, Claim E.1. Spec 000 sections 2.9, 7 (oracles 8, E6), P8,
-    P10. V. Feldman, T. Steinke. Generalization for adaptively-chosen estimators via stable
+    User-Level Privacy. Alg. 7, Claim E.1 (App. E.1); our reading in docs/papers.md.
+    V. Feldman, T. Steinke. Generalization for adaptively-chosen estimators via stable
     median. COLT 2017 (FS17, Thm 3.1). C. Ilvento. Implementing the exponential mechanism
     with base-2 differential privacy. CCS 2020.
 """
@@ -69,7 +70,7 @@ class PrivateMedianSpec:
         epsilon: eps' of the call.
         level: l >= 2; arrays hold s = 2^(l-1) samples.
         k: k = (16 / eps') ln(2^(l/2) / beta), real.
-        arrays: K = ceil(k), the number of arrays the paper fills (pitfall P8).
+        arrays: K = ceil(k), the number of arrays the paper fills (our correction).
         resolution: G, grid units per 1.0 of the [0, 1] sample scale.
         node_prefix: public identity; draw i uses node ``(*node_prefix, i)``.
         midpoints: T_l, ascending.

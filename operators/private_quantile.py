@@ -1,6 +1,6 @@
-"""Private quantile of array means (Smith's exponential mechanism), spec 003 §2.5 [C].
+"""Private quantile of array means (Smith's exponential mechanism), Rameshwar et al. Sec. III-E.
 
-The paper cites "Alg. 2 of [smith]" without a formula. Spec 003 §2.5 writes the standard
+The paper cites "Alg. 2 of [smith]" without a formula. We use the standard
 continuous version: sort the values z_1..z_n clipped to [lo, hi], and draw a point of
 interval I_i = [z_i, z_{i+1}] (z_0 = lo, z_{n+1} = hi) with weight
 length(I_i) exp(-eps_q |i - q n| / (2 s)).
@@ -10,7 +10,7 @@ the centres y_k = lo + (k + 1/2) h, k = 0..M-1, of the M = (hi - lo) / h cells o
 (h = the value grid step unless configured). The score of a point y is
 -|rank(y) - q n| with rank(y) = #{j : z_j < y}; all points of equal rank form a *rank
 group* i of n_i = #{k : z_i < y_k <= z_{i+1}} points, the grid analogue of length(I_i)
-(identical when the z_j lie on cell boundaries, as in example E4). A group is drawn with
+(identical when the z_j lie on cell boundaries). A group is drawn with
 probability proportional to n_i exp(-eps_q |i - q n| / (2 s)), then a point uniformly
 inside it, both exactly (``exponential_mechanism``).
 
@@ -18,14 +18,15 @@ Privacy:
     For every fixed y, rank(y) moves by at most s when one user's values change (one array
     mean under BestFit, two under WrapAround), so the score has sensitivity s and the
     choice is eps_q-DP (exponential mechanism over the fixed public grid with counting
-    base measure), for value neighbours with public counts (spec 003 §1).
+    base measure), for value neighbours with public counts (Rameshwar et al. Sec. II-D).
 
-Quantile levels (spec 003 §2.5): FixedQuantile uses (1/10, 9/10); OptimizedQuantile uses
-(t / K_bar, 1 - t / K_bar) with t = ceil(2 / epsilon), epsilon the mechanism's total
-budget, ceil for both ends [C], and each level clamped to 1/2 when t / K_bar >= 1/2 [C].
+Quantile levels (Rameshwar et al. Sec. III-E, Prop. IV.2): FixedQuantile uses (1/10, 9/10);
+OptimizedQuantile uses (t / K_bar, 1 - t / K_bar) with t = ceil(2 / epsilon), epsilon the
+mechanism's total budget, ceil for both ends and each level clamped to 1/2 when t / K_bar >= 1/2
+(our choices).
 
 References:
-    Spec 003 §2.5, E4. A. Smith. Privacy-preserving statistical estimation with optimal
+    Rameshwar et al. Sec. III-E. A. Smith. Privacy-preserving statistical estimation with optimal
     convergence rates. STOC 2011 (the exponential-mechanism quantile). K. Amin, A. Kulesza,
     A. Munoz, S. Vassilvitskii. Bounding user contributions: a bias-variance trade-off in
     differential privacy. ICML 2019 (the ceil(2 / epsilon)-th order statistic).
@@ -103,7 +104,7 @@ def group_probabilities(
     hi: Fraction,
     step: Fraction,
 ) -> list[float]:
-    """P(rank group i) for i = 0..n, in floating point (tests, docs; spec 003 E4)."""
+    """P(rank group i) for i = 0..n, in floating point (tests, docs)."""
     _, sizes = rank_groups(values, lo, hi, step)
     return probabilities(sizes, exponents(len(values), level, epsilon_q, sensitivity))
 
@@ -163,7 +164,7 @@ def private_quantile(
 
 
 def levels(rule: str, epsilon: Fraction, k_bar: int) -> tuple[Fraction, Fraction]:
-    """The two quantile levels of FixedQuantile or OptimizedQuantile (spec 003 §2.5).
+    """The two quantile levels of FixedQuantile or OptimizedQuantile (Sec. III-E).
 
     Args:
         rule: "fixed" or "optimized".

@@ -1,9 +1,10 @@
-"""Grouping users' samples into pseudo-users (arrays): WrapAround and BestFit, spec 003 §2.2.
+"""Grouping users' samples into pseudo-users (arrays): WrapAround and BestFit, Rameshwar et al. Sec.
+III-A.
 
 Input is a cell's public count vector {user: m_l}. Users are sorted by non-increasing m_l,
-ties by ascending user id (spec 003 §2.2 [C]); each user offers r_l = min(m_l, m_UB) samples,
+ties by ascending user id (our choice); each user offers r_l = min(m_l, m_UB) samples,
 their FIRST r_l in the value-independent order stage 1 keeps (event time, partition,
-offset; never sorted by value, pitfall 7). An array has capacity m_UB; its fill is w(A).
+offset; never sorted by value). An array has capacity m_UB; its fill is w(A).
 
 * ``wrap_around`` (Alg. 1): concatenate the r_l-prefixes in sorted order and cut into
   K = floor(sum r_l / m_UB) full chunks; the partial tail is dropped with its samples. A user
@@ -13,15 +14,15 @@ offset; never sorted by value, pitfall 7). An array has capacity m_UB; its fill 
   (lowest index on ties), opening a new one when none fits. Every user sits in exactly one
   array and no sample beyond r_l is dropped; sensitivity U/K_bar, with K_bar >= K.
 
-Everything here is a function of the counts only, which spec 003 §1 treats as public
+Everything here is a function of the counts only, which Rameshwar et al. (Sec. II-D) treat as public
 (neighbours share the count matrix); the grouping therefore costs no privacy there. It must
-not be used on private counts (strict mode, spec 003 §5.6).
+not be used on private counts (strict mode, docs/papers.md).
 
 An array is a tuple of segments (user, start, stop): the user's samples [start, stop) in
 their value-independent order (0-based).
 
 References:
-    Spec 003 §2.2, §2.3 (Lemmas III.1, III.2), §2.4 (eq. 10). Source: "Mean Estimation with
+    Rameshwar et al. Sec. III-A, III-C (Lemmas III.1, III.2), III-D (eq. 10): "Mean Estimation with
     User-Level Privacy on Multi-Dimensional IoT Datasets" (companion arXiv:2401.15906),
     Algorithms 1 and 2.
 """
@@ -54,7 +55,7 @@ def _check_counts(counts: Mapping[str, int]) -> dict[str, int]:
 
 
 def sorted_users(counts: Mapping[str, int]) -> list[tuple[str, int]]:
-    """Users by non-increasing count, ties by ascending user id (deterministic, §2.2 [C]).
+    """Users by non-increasing count, ties by ascending user id (deterministic, our choice).
 
     Args:
         counts: {user: m_l}, every m_l >= 1.
@@ -66,7 +67,8 @@ def sorted_users(counts: Mapping[str, int]) -> list[tuple[str, int]]:
 
 
 def median_m_ub(counts: Mapping[str, int]) -> int:
-    """The ceil(L/2)-th largest count: an integer median (spec 003 §2.3, Lemma III.2 [C]).
+    """The ceil(L/2)-th largest count: an integer median (Sec. III-C, Lemma III.2; the integer
+    choice is ours).
 
     Args:
         counts: {user: m_l}.
@@ -94,7 +96,8 @@ def eq10_m_ub(counts: Mapping[str, int]) -> int:
 
     On each segment between consecutive distinct counts the objective is (a m + b)/sqrt(m)
     with a, b >= 0, convex or increasing, so the maximum over the segment sits at an end:
-    only the distinct counts need a look (spec 003 §2.4 [D]). Ties go to the smallest m [C].
+    only the distinct counts need a look (our derivation from eq. (10)). Ties go to the smallest m
+    (our choice).
 
     Args:
         counts: {user: m_l}.
@@ -207,28 +210,28 @@ def users_of(arrays: Sequence[PseudoUser]) -> tuple[str, ...]:
 
 
 def rank_sensitivity(grouping: str) -> int:
-    """How many array means one user can move: 1 for BestFit, 2 for WrapAround (§2.6)."""
+    """How many array means one user can move: 1 for BestFit, 2 for WrapAround (docs/papers.md)."""
     if grouping not in GROUPINGS:
         raise _validate.invalid("grouping", f"one of {GROUPINGS}", grouping)
     return 1 if grouping == "best_fit" else 2
 
 
 # ---------------------------------------------------------------------------------------
-# Quantities of Lemmas III.1 and III.2 (spec 003 §2.3), for tests and experiments
+# Quantities of Lemmas III.1 and III.2 (Sec. III-C), for tests and experiments
 
 
 def baseline_sensitivity(counts: Mapping[str, int], value_range: Fraction) -> Fraction:
-    """Delta_f = U m^* / N of the Baseline mean (§2.1), with the cell-local m^* and N."""
+    """Delta_f = U m^* / N of the Baseline mean (Sec. III-B), with the cell-local m^* and N."""
     checked = _check_counts(counts)
     return Fraction(value_range) * max(checked.values()) / sum(checked.values())
 
 
 def proxy_sensitivity(counts: Mapping[str, int], m_ub: int, value_range: Fraction) -> Fraction:
-    """Delta~_arr = U m_UB / sum_l min(m_l, m_UB) (§2.3)."""
+    """Delta~_arr = U m_UB / sum_l min(m_l, m_UB) (Sec. III-C)."""
     return Fraction(value_range) * m_ub / sum(clipped_counts(counts, m_ub).values())
 
 
 def opt_gain(counts: Mapping[str, int]) -> Fraction:
-    """OPT = m^* L / N, the best gain Delta_f / Delta~_arr over m_UB (§2.3)."""
+    """OPT = m^* L / N, the best gain Delta_f / Delta~_arr over m_UB (Sec. III-C)."""
     checked = _check_counts(counts)
     return Fraction(max(checked.values()) * len(checked), sum(checked.values()))

@@ -1,4 +1,5 @@
-"""Round-restarted binary mechanism with budget refresh: the baseline of spec 004 section 3.5.
+"""Round-restarted binary mechanism with budget refresh: the baseline of Andersson et al.
+(expiration) (Sec. 6).
 
 The stream is cut into rounds of W steps; round k covers [(k - 1) W + 1, k W]. Inside a
 round a fresh binary mechanism (Chan et al.) with h = ceil(log2(W + 1)) levels counts the
@@ -17,7 +18,7 @@ even: only those nodes are ever created) and ``(*node_prefix, "past", k)`` for P
 References:
     J. Andersson, M. Henzinger, R. Pagh, T. A. Steiner, J. Upadhyay. Continual Counting
     with Gradual Privacy Expiration. NeurIPS 2024, arXiv:2406.03802. Section 6 and
-    Appendix A.1 (baseline), Table 1. Spec 004 section 3.5, pitfalls 10-11.
+    Appendix A.1 (baseline), Table 1; our readings of the baseline in docs/papers.md.
     T.-H. H. Chan, E. Shi, D. Song. Private and continual release of statistics. ACM
     TISSEC 2011 (binary mechanism).
 """
@@ -38,7 +39,8 @@ from .tree_counter import popcount_sum
 MECHANISM = "round_restart"
 
 PAST_FRACTION = Fraction(1, 10)
-"""Default past_epsilon / epsilon, the paper's experimental choice (spec 004 section 3.5)."""
+"""Default past_epsilon / epsilon, the paper's experimental choice (Andersson et al. (expiration)
+Sec. 6)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,7 @@ def make_round_restart(
         epsilon + ceil((d - 1) / W) * past_epsilon. See ``privacy_loss``.
 
     References:
-        Andersson et al. 2024, Section 6 / Appendix A.1; spec 004 section 3.5.
+        Andersson et al. 2024, Section 6 / Appendix A.1.
     """
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -131,7 +133,8 @@ def levels(spec: RoundRestartSpec) -> int:
 
 
 def bm_scale(spec: RoundRestartSpec) -> Fraction:
-    """Scale of every binary-mechanism node: h * sensitivity / epsilon_cur (pitfall 10)."""
+    """Scale of every binary-mechanism node: h * sensitivity / epsilon_cur, h = ceil(log2(W +
+    1))."""
     return levels(spec) * spec.sensitivity / spec.epsilon
 
 
@@ -196,7 +199,7 @@ def step(
         every time it is asked (P_k must not be redrawn within its round).
 
     References:
-        Spec 004 section 3.5.
+        Andersson et al. (expiration), Section 6 / Appendix A.1.
     """
     new_state = RoundRestartState(t=state.t + 1, total=state.total + weight)
     terms = release_terms(spec, new_state.t)
@@ -207,7 +210,7 @@ def mean_noise_variance(spec: RoundRestartSpec, horizon: int, *, continuous: boo
     """(1 / T) * sum_{t=1..T} Var(noise_t), the MSE the paper calibrates to 1000.
 
     (1/T) [sum_t popcount(i_t) Var(bm) + max(0, T - W) Var(past)]: the first round has
-    no past-total noise (spec 004 section 5, pitfall 10).
+    no past-total noise (Andersson et al. (expiration) Sec. 6, App. A.2).
 
     Args:
         spec: the counter's parameters.
@@ -226,7 +229,8 @@ def mean_noise_variance(spec: RoundRestartSpec, horizon: int, *, continuous: boo
 
 
 def item_loss(spec: RoundRestartSpec, j: int, tau: int) -> Fraction:
-    """Exact loss of the item at step j for the releases 1..tau (spec 004 section 3.5).
+    """Exact loss of the item at step j for the releases 1..tau (our derivation for the baseline
+    of Andersson et al. (expiration) Sec. 6).
 
     (epsilon / h) * #{binary-mechanism nodes containing j released by tau}
     + epsilon_past * #{rounds k after j's round with (k - 1) W + 1 <= tau}.
@@ -274,8 +278,8 @@ def privacy_loss(spec: RoundRestartSpec, d: int) -> float:
         tau and every later P_k.
 
     References:
-        Spec 004 sections 3.5 and 5 ("the baseline uses the exact formula, maximised
-        over j").
+        Andersson et al. (expiration) Sec. 6, App. A.1: the baseline's loss is the exact
+        formula, maximised over j.
     """
     _validate.check_int_ge("d", d, 1)
     p = np.arange(1, spec.window + 1, dtype=np.int64)
@@ -297,6 +301,6 @@ def expiration_curve(spec: RoundRestartSpec, d_max: int) -> tuple[float, ...]:
 
 
 def nominal_loss_bound(spec: RoundRestartSpec, d: int) -> float:
-    """epsilon + ceil((d - 1) / W) * epsilon_past >= privacy_loss(spec, d) (spec 004 §3.5)."""
+    """epsilon + ceil((d - 1) / W) * epsilon_past >= privacy_loss(spec, d) (Sec. 6)."""
     _validate.check_int_ge("d", d, 1)
     return ceil_float(spec.epsilon + -(-(d - 1) // spec.window) * spec.past_epsilon)

@@ -1,7 +1,7 @@
-"""Sparse vector (AboveThreshold) and the continual contribution tracker, spec 001 sections
-2.1, 2.4 and 2.6 (Alg. 1 and Alg. 4).
+"""Sparse vector (AboveThreshold) and the continual contribution tracker, Dong-Luo-Yi
+Alg. 1, Alg. 4 and App. C-A.
 
-AboveThreshold (section 2.1) compares sensitivity-1 queries with a noisy threshold
+AboveThreshold (Alg. 1) compares sensitivity-1 queries with a noisy threshold
 ``eta + Z_eta``, Z_eta ~ Lap(2/epsilon), giving every query its own Z_q ~ Lap(4/epsilon), and
 stops at the first query with ``Q + Z_q > eta + Z_eta`` (strict '>'). Noise is discrete
 Laplace from a NoiseSource under public node ids supplied by the caller: the threshold's
@@ -9,17 +9,18 @@ node is ``(*node_prefix, "eta")`` and the query with key q is ``(*node_prefix, "
 The production source is keyed (a node's draw is a pure function of the node and its
 scale), so nothing noisy is ever stored: the threshold is re-derived whenever it is needed.
 
-The contribution tracker (Alg. 4, section 2.4) runs a series of AboveThreshold instances.
+The contribution tracker (Alg. 4) runs a series of AboveThreshold instances.
 SVT i (i = 1, 2, ...) has budget epsilon_i, failure probability beta_i and candidate bound
 tau_i, and at step t asks the discounted query
 
     Count(D_t, tau_i) - (6/epsilon_i) LOG(2/beta_i) - (8/epsilon_i) LOG(t+1)
 
-against the threshold eta = 0 (pitfall P3: the CURRENT epsilon_i and beta_i). When it fires,
-a NEW SVT i+1 starts with a fresh threshold and re-queries the SAME t, in a ``while`` loop,
-so tau can double several times in one step. The output tau_t = tau_i is a power of two.
+against the threshold eta = 0 (discounted with the CURRENT epsilon_i and beta_i, our reading of Alg.
+4). When it fires, a NEW SVT i+1 starts with a fresh threshold and re-queries the SAME t, in a
+``while`` loop, so tau can double several times in one step. The output tau_t = tau_i is a power of
+two.
 
-Series (section 2.4, 2.6, 2.13): epsilon_i = epsilon theta / (i+1)^(1+theta) (original) or
+Series (Alg. 4, App. C-A): epsilon_i = epsilon theta / (i+1)^(1+theta) (original) or
 epsilon theta 3^theta / (i+3)^(1+theta) (practical mode: tau_1 = 64); beta_i = beta/(i+1)^2
 in both; tau_i = 2^i (original) or 64 * 2^(i-1) (practical). Both epsilon series sum to
 less than epsilon (integral bound), the beta series to beta (pi^2/6 - 1) < beta.
@@ -44,8 +45,8 @@ Privacy:
 
 References:
     W. Dong, Q. Luo, K. Yi. Continual Observation under User-level Differential Privacy.
-    IEEE S&P 2023. Alg. 1 (SVT), Lemma II.10, Alg. 4, Lemma III.2, Appendix C-A. Spec 001
-    sections 2.1, 2.4, 2.6, 2.13 and Example A/B.
+    IEEE S&P 2023. Alg. 1 (SVT), Lemma II.10, Alg. 4, Lemma III.2, Appendix C-A; our reading of
+    Alg. 4 in docs/papers.md.
     C. Dwork, A. Roth. The Algorithmic Foundations of Differential Privacy, 2014, Alg. 1
     (AboveThreshold).
 """
@@ -69,7 +70,7 @@ MAX_THETA_DENOMINATOR = 1000
 arithmetic whose cost grows with q)."""
 
 PRACTICAL_TAU_START = 64
-"""tau_1 in the practical mode of spec 001 section 2.6."""
+"""tau_1 in the practical mode of Dong-Luo-Yi App. C-A."""
 
 _ROOT_PRECISION_BITS = 48
 
@@ -79,7 +80,7 @@ _ROOT_PRECISION_BITS = 48
 
 
 def LOG(x: float | Fraction | int) -> float:  # noqa: N802 - the paper's notation
-    """The paper's logarithm (spec 001 section 0, pitfall P2): max(1, log2 x).
+    """The paper's logarithm (Dong-Luo-Yi Sec. II-A, footnote 3): max(1, log2 x).
 
     Args:
         x: a positive number.
@@ -95,12 +96,12 @@ def LOG(x: float | Fraction | int) -> float:  # noqa: N802 - the paper's notatio
 
 
 def threshold_scale(epsilon: Fraction) -> Fraction:
-    """Scale 2/epsilon of the threshold noise (section 2.1)."""
+    """Scale 2/epsilon of the threshold noise (Alg. 1)."""
     return 2 / Fraction(epsilon)
 
 
 def query_scale(epsilon: Fraction) -> Fraction:
-    """Scale 4/epsilon of every query's noise (section 2.1)."""
+    """Scale 4/epsilon of every query's noise (Alg. 1)."""
     return 4 / Fraction(epsilon)
 
 
@@ -246,7 +247,7 @@ def _iroot_floor(n: int, q: int) -> int:
 def series_epsilon(total: Fraction, theta: Fraction, index: int, practical: bool) -> Fraction:
     """epsilon_index of a telescoping series whose sum is below ``total``.
 
-    Original: total * theta / (index+1)^(1+theta). Practical (section 2.6):
+    Original: total * theta / (index+1)^(1+theta). Practical (App. C-A):
     total * theta * 3^theta / (index+3)^(1+theta). Exact when theta is an integer; else
     rounded DOWN to a dyadic rational with 48 significant bits.
 
@@ -284,7 +285,7 @@ def series_spent(total: Fraction, theta: Fraction, count: int, practical: bool) 
 
 
 def series_beta(total: Fraction, index: int) -> Fraction:
-    """beta_index = total / (index+1)^2 (both modes, section 2.6); sums to < total."""
+    """beta_index = total / (index+1)^2 (both modes, App. C-A); sums to < total."""
     _validate.check_int_ge("index", index, 1)
     return Fraction(total) / (index + 1) ** 2
 
@@ -309,7 +310,7 @@ class ContributionTrackerSpec:
         epsilon: the tracker's whole budget (Alg. 5 passes epsilon/2).
         beta: its failure probability (Alg. 5 passes beta/2).
         theta: theta > 0, shape of the series.
-        practical: section 2.6 mode (tau_1 = 64, shifted epsilon series).
+        practical: App. C-A mode (tau_1 = 64, shifted epsilon series).
         forced_schedule: TEST HOOK. Change points ((t_1, tau_1), (t_2, tau_2), ...): when
             non-empty, tau_t is the tau of the last change point with t_k <= t (tau_1 of
             the series before the first), no noise is drawn and no data is read. NOT
@@ -349,7 +350,7 @@ def make_contribution_tracker(
         epsilon: the tracker's budget > 0.
         beta: its failure probability in (0, 1).
         theta: theta > 0, a rational with denominator <= 1000.
-        practical: spec 001 section 2.6 mode.
+        practical: Dong-Luo-Yi App. C-A mode.
         forced_schedule: test hook, see ContributionTrackerSpec.
 
     Returns:
@@ -564,7 +565,7 @@ def tracker_step(
         z_q = noise.discrete_laplace(query_node(plan.svt, t), plan.query_scale)
         if not fires(count, plan.constant + plan.per_log * log_t, z_q, z_eta):
             break
-        i += 1  # a NEW SVT with a fresh threshold re-queries the same D_t (pitfall P3)
+        i += 1  # a NEW SVT with a fresh threshold re-queries the same D_t (Alg. 4, our reading)
     return ContributionTrackerState(t=t, svt_index=i), tau_i(spec, i)
 
 

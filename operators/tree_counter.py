@@ -1,10 +1,10 @@
-"""Binary tree counter on an infinite stream (Chan, Shi, Song), spec 001 section 2.2.
+"""Binary tree counter on an infinite stream (Chan, Shi, Song), Dong-Luo-Yi Alg. 2.
 
 Time is cut into periods: period l covers t in [2^l, 2^(l+1) - 1] and runs its own
 dyadic tree with l + 1 levels, each level getting epsilon / (l + 1). Periods cover
 disjoint time ranges, so the whole infinite stream is epsilon-DP for a leaf stream
-whose per-level L1 sensitivity is ``sensitivity`` (tau after truncation, spec 001
-section 2.3).
+whose per-level L1 sensitivity is ``sensitivity`` (tau after truncation,
+Dong-Luo-Yi Alg. 3).
 
 Noise is never stored: the noise of node (period, level, index) is drawn from the
 NoiseSource under that node's identity, so the production (keyed) source gives the
@@ -12,7 +12,7 @@ same value every time it is asked, and a replay never releases a second draw.
 
 References:
     T.-H. H. Chan, E. Shi, D. Song. Private and continual release of statistics.
-    ACM TISSEC 2011. Spec 001 (Dong, Luo, Yi), Alg. 2 and Example C.
+    ACM TISSEC 2011. Dong-Luo-Yi (IEEE S&P 2023), Alg. 2.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def step(
     """Advance one public time step with leaf weight ``weight`` (0 on an empty tick).
 
     Alg. 2: the node completing at step k sits at level i = lsb(k) and holds the EXACT
-    sum of its children plus this leaf (pitfall P5: never noisy children).
+    sum of its children plus this leaf (never noisy children).
     """
     t = state.t + 1
     period, k = period_of(t)

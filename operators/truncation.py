@@ -1,10 +1,10 @@
-"""Fixed-tau truncation of user contributions, spec 001 section 2.3 (Alg. 3).
+"""Fixed-tau truncation of user contributions, Dong-Luo-Yi Alg. 3.
 
 Truncate(D, tau) keeps the first tau units of every user in time order and replaces the
 rest by dummies. After it, removing one whole user changes each tree level's node
 vector by at most tau in L1, so the tree runs with sensitivity tau (group privacy).
 
-The used count is taken on the ORIGINAL stream (spec 001 section 0): a user's later
+The used count is taken on the ORIGINAL stream (Dong-Luo-Yi Sec. II-A): a user's later
 events stay truncated even though they added nothing.
 """
 
@@ -31,6 +31,7 @@ def admit(spec: TruncationSpec, used: int, weight: int = 1) -> int:
     """Units of a ``weight``-unit item kept for a user who has already sent ``used`` units.
 
     A count item has weight 1; a batched sum item keeps ``clip(tau - used, 0, weight)``
-    units, so the item that straddles tau is kept partly (spec 001 section 2.7).
+    units, so the item that straddles tau is kept partly (our batched form of
+    Dong-Luo-Yi Sec. IV-A, whose unit sub-steps it reproduces).
     """
     return min(max(spec.tau - used, 0), weight)

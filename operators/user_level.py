@@ -1,9 +1,9 @@
-"""User-level continual count, sum and histogram with efficient restart: spec 001 sections
-2.5 (Alg. 5), 2.7, 2.8 and 4.
+"""User-level continual count, sum and histogram with efficient restart: Dong-Luo-Yi
+Alg. 5, Sec. IV-A (sum) and IV-B (histogram).
 
 F_cnt UserDP runs the contribution tracker (``svt``, Alg. 4) with epsilon/2 and beta/2. Each
 time its output tau~ changes (always at t = 1) a new truncation instance j starts: the
-binary tree on an infinite stream (spec 001 section 2.2, ``tree_counter``) over
+binary tree on an infinite stream (Dong-Luo-Yi Alg. 2, ``tree_counter``) over
 Truncate(D, tau~) for the WHOLE prefix, with node noise Lap((l+1) m tau~ / epsilon_inst_j)
 and epsilon_inst_j = epsilon theta / (2 (j+1)^(1+theta)). Only the newest instance
 releases; released values are never changed.
@@ -18,26 +18,26 @@ the units it saw split by RANK BAND:
 * a count or histogram item of rank c = the user's new c_u lies in band ``rank_band(c)``;
 * a sum item x of a user with running sum S before it occupies unit positions S+1..S+x,
   split over the bands those positions fall in (``band_units``), so an item straddling a
-  power of two splits exactly: the partial clipping of section 2.7 at tau = 2^i.
+  power of two splits exactly: the partial clipping of our batched Sec. IV-A at tau = 2^i.
 
 ``bands[b][r]`` is this tick's units in band b and bin r. Truncate(D, 2^i) keeps exactly
 the units of bands 0..i. This module keeps, for every node of the tree (completed-period
 totals P[p] and live nodes alpha[level]), its EXACT units per band and bin. The bands above
 the current tau are the overflow. When tau grows to 2^i', the kept value of every node
 becomes the sum of its bands 0..i': exactly the overflowed items with rank <= the new tau
-re-enter the nodes of their ORIGINAL ticks, and no others (pitfall P4). Then every node in
-use gets fresh noise at the new scale, because its noise id contains the new instance
-number j. This is, node for node, the per-user FIFO re-admission of section 4, and the
-exact nodes equal a from-scratch build on Truncate(D_t, tau~_t) (oracle 4); the tests
+re-enter the nodes of their ORIGINAL ticks, and no others (the restart of Alg. 5). Then every node
+in use gets fresh noise at the new scale, because its noise id contains the new instance
+number j. This is, node for node, a per-user FIFO re-admission (our streaming form of the restart),
+and the exact nodes equal a from-scratch build on Truncate(D_t, tau~_t); the tests
 check both on random streams with forced tau schedules. Stage 1 needs no overflow queue,
-and this state is O(log t * bands * bins) (pitfall P14).
+and this state is O(log t * bands * bins), whatever the overflow of heavy users.
 
 ``crossings[j]`` is the number of users whose c_u (or S_u) went from <= 2^j to > 2^j in the
 tick (``crossed_powers``); the mechanism adds them to G, G[j] = Count(D_t, 2^j) on the
 ORIGINAL stream, which the tracker reads. Reports of several stage-1 partitions add up
 elementwise (``merge_reports``).
 
-Order inside a step (section 4): G += crossings; the tracker decides tau~_t from D_t; if
+Order inside a step: G += crossings; the tracker decides tau~_t from D_t; if
 tau~ changed, a new instance j (re-admission is implicit in the bands); the tree advances
 with the tick's leaf; release.
 
@@ -52,14 +52,14 @@ Noise ids (public):
 
 A node keeps its id (its noise is never redrawn) while the instance lives; every node used
 after a restart has a NEW id. Noise is never stored: releases re-derive it from the keyed
-NoiseSource (pitfall P10).
+NoiseSource: released noise is never redrawn.
 
 Reusable pieces for statistics whose leaves are not band-based (distinct count):
 ``ExactTreeState`` with ``exact_tree_advance`` / ``exact_tree_add`` (add w at a past tick,
 any sign, into the node that covers it) and the tracker+instance skeleton ``BoundState`` /
 ``advance_bound`` / ``release_bins``.
 
-Example (spec 001 Example D: users a,a,a,b,a,b,-,a; tau forced from 2 to 4 at t = 8):
+Example (our worked example: users a,a,a,b,a,b,-,a; tau forced from 2 to 4 at t = 8):
     >>> from dpstream.operators import user_level as ul
     >>> from dpstream.operators.noise import ZeroNoise
     >>> spec = ul.make_user_level("clicks", 2, 0.1, forced_schedule=[(8, 4)])
@@ -76,18 +76,18 @@ Example (spec 001 Example D: users a,a,a,b,a,b,-,a; tau forced from 2 to 4 at t 
 
 Privacy:
     User-level neighbours. The tracker spends < epsilon/2 (sensitivity 1 of Count). Each
-    instance j is the tree of section 2.2 over Truncate(D, tau~), whose per-level L1 node
+    instance j is the tree of Alg. 2 over Truncate(D, tau~), whose per-level L1 node
     vector changes by <= tau~ when one user's items are all removed (<= 2 tau~ for the
-    "any subset" relation, pitfall P1: pass multiplier=2; distinct count uses 2, or 4); the
+    "any subset" relation, docs/papers.md: pass multiplier=2; distinct count uses 2, or 4); the
     node scale (l+1) m tau~/epsilon_inst_j makes it epsilon_inst_j-DP, and the instance
     series sums to < epsilon/2. Adaptive basic composition: < epsilon in total, for the
     whole infinite output sequence. Histograms: one truncation by the user's TOTAL rank,
-    so the L1 over all bins per level is still <= tau~ (pitfall P6); empty bins get noise.
+    so the L1 over all bins per level is still <= tau~ (Sec. IV-B); empty bins get noise.
 
 References:
     W. Dong, Q. Luo, K. Yi. Continual Observation under User-level Differential Privacy.
     IEEE S&P 2023. Alg. 2, 3, 5, Remark on efficient restart, Thm III.3, Sec. IV-A/B.
-    Spec 001 sections 2.2-2.8, 3, 4, 6 (oracles 1-7, Examples A-D, F), 7 (P1, P4-P6, P14).
+    The restart bookkeeping (rank bands) is our streaming form, docs/papers.md.
 """
 
 from __future__ import annotations
@@ -138,9 +138,9 @@ class UserLevelSpec:
         theta: theta > 0 of both series.
         bins: R, the number of histogram bins (1 for count and sum).
         multiplier: m in the node scale (l+1) m tau~/epsilon_inst_j: 1 for whole-user
-            neighbours, 2 for "any subset" (P1); distinct count 2 (4 with any subset).
+            neighbours, 2 for "any subset" (docs/papers.md); distinct count 2 (4 with any subset).
         practical_instances: use the shifted practical series for the instances too
-            (section 2.6 leaves it open; default: the original series).
+            (App. C-A leaves it open; default: the original series).
         tracker: the tracker's spec (epsilon/2, beta/2, practical mode, test hook).
     """
 
@@ -175,7 +175,7 @@ def make_user_level(
         theta: theta > 0 (rational, denominator <= 1000).
         bins: R >= 1.
         multiplier: m >= 1 (see UserLevelSpec).
-        practical: section 2.6 tracker (tau starts at 64, shifted series).
+        practical: App. C-A tracker (tau starts at 64, shifted series).
         practical_instances: shifted series for the instances as well.
         forced_schedule: TEST HOOK forcing tau~: change points ((t, tau), ...), powers of
             two >= the start, non-decreasing. NOT private.
@@ -188,7 +188,7 @@ def make_user_level(
 
     Privacy:
         epsilon-DP under whole-user neighbours with multiplier 1, and under "any subset"
-        neighbours with multiplier 2 (section 2.5, pitfall P1).
+        neighbours with multiplier 2 (Alg. 5; any-subset neighbours, docs/papers.md).
     """
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -214,7 +214,7 @@ def make_user_level(
 
 
 # ---------------------------------------------------------------------------------------
-# Budgets (section 2.5, 2.13; oracle 1)
+# Budgets (Dong-Luo-Yi Algs. 4 and 5)
 
 
 def epsilon_instance(spec: UserLevelSpec, j: int) -> Fraction:
@@ -244,7 +244,14 @@ def tracker_spent_beta(spec: UserLevelSpec, svts: int) -> Fraction:
 
 
 def rank_band(rank: int) -> int:
-    """Band of rank c >= 1: 0 for c = 1, b for c in (2^(b-1), 2^b]."""
+    """Band of rank c >= 1: 0 for c = 1, b for c in (2^(b-1), 2^b].
+
+    Example:
+        >>> [rank_band(c) for c in range(1, 10)]
+        [0, 1, 2, 2, 3, 3, 3, 3, 4]
+        >>> [band_range(b) for b in range(4)]
+        [(1, 1), (2, 2), (3, 4), (5, 8)]
+    """
     _validate.check_int_ge("rank", rank, 1)
     return (rank - 1).bit_length()
 
@@ -258,8 +265,12 @@ def band_range(band: int) -> tuple[int, int]:
 def band_units(before: int, units: int) -> list[tuple[int, int]]:
     """Split unit positions before+1 .. before+units over the rank bands.
 
-    A sum item x of a user whose running sum was ``before`` (section 2.7); a count item is
+    A sum item x of a user whose running sum was ``before`` (Sec. IV-A); a count item is
     ``band_units(c_u, 1)``.
+
+    Example:
+        >>> band_units(3, 6)  # positions 4..9: 4 in band 2, 5..8 in band 3, 9 in band 4
+        [(2, 1), (3, 4), (4, 1)]
 
     Returns:
         [(band, units in it), ...] in increasing band order, units > 0 each.
@@ -364,7 +375,7 @@ def _vadd(a: Sequence[int], b: Sequence[int], sign: int = 1) -> Vector:
 
 @dataclass(frozen=True, slots=True)
 class ExactTreeState:
-    """EXACT node contents of the infinite-stream binary tree (section 2.2), no noise.
+    """EXACT node contents of the infinite-stream binary tree (Alg. 2), no noise.
 
     Attributes:
         t: ticks taken so far.
@@ -386,7 +397,7 @@ def period_of(t: int) -> tuple[int, int]:
 
 
 def exact_tree_advance(tree: ExactTreeState, leaf: Sequence[int]) -> ExactTreeState:
-    """Advance one tick with leaf vector ``leaf`` (Alg. 2 with exact children sums, P5).
+    """Advance one tick with leaf vector ``leaf`` (Alg. 2: exact children sums, never noisy ones).
 
     The node completing at local step k sits at level lsb(k) and holds the EXACT sum of its
     children plus the leaf; when k = 2^l it is the period's total and moves to ``periods``.
@@ -438,7 +449,7 @@ def exact_tree_add(tree: ExactTreeState, s: int, delta: Sequence[int]) -> ExactT
     """Add ``delta`` (any sign) at past tick s <= t into the node that covers s.
 
     Distinct count's re-admission moves a value's first occurrence earlier: -1 at the old
-    tick, +1 at the new one (section 4, step 3).
+    tick, +1 at the new one (our streaming form of the restart).
     """
     kind, index = covering_node(tree.t, s)
     if kind == "P":
@@ -496,8 +507,8 @@ class BoundState:
 def advance_bound(
     spec: UserLevelSpec, bound: BoundState, crossings: Sequence[int], noise: NoiseSource
 ) -> tuple[BoundState, bool]:
-    """Steps 1-3 of section 4 for tick bound.t + 1: G += crossings; the tracker decides
-    tau~_t; a new instance iff tau~ changed (always at t = 1, at most once per tick).
+    """Steps 1-3 of a tick (our streaming form) for tick bound.t + 1: G += crossings; the tracker
+    decides tau~_t; a new instance iff tau~ changed (always at t = 1, at most once per tick).
 
     Args:
         spec: the mechanism's parameters.
@@ -608,7 +619,7 @@ def release_bins(
         noise: the NoiseSource.
 
     Returns:
-        One TreeRelease per bin (empty bins too, pitfall P6).
+        One TreeRelease per bin (empty bins too, Sec. IV-B).
     """
     if tree.t != bound.t:
         raise _validate.invalid("tree.t", f"bound.t = {bound.t}", tree.t)
@@ -767,7 +778,8 @@ def step(
 
 
 def exact_values(spec: UserLevelSpec, state: UserLevelState) -> tuple[int, ...]:
-    """F(Truncate(D_t, tau~_t)) per bin: what a release is unbiased for (oracle 5)."""
+    """F(Truncate(D_t, tau~_t)) per bin: what a release is unbiased for (with noise 0 it equals the
+    release)."""
     if not state.t:
         return (0,) * spec.bins
     return kept_bins(spec, exact_tree_total(tree_of(state)), state.tau)
@@ -788,7 +800,7 @@ def _check_counts(name: str, values: Sequence[int]) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Utility bounds (section 2.2, Thm III.3)
+# Utility bounds (Lemma II.11, Thm III.3)
 
 
 def noise_e(t: int, epsilon: float | Fraction, beta: float | Fraction) -> float:

@@ -1,4 +1,4 @@
-"""kind cell_mean: spec 003's per-cell user-level means as a UserStatistic.
+"""kind cell_mean: Rameshwar et al.'s per-cell user-level means as a UserStatistic.
 
 Glue only: the mechanisms are ``operators.cell_mean``, the epoch ledger
 ``operators.cell_accountant`` and the reducer ``operators.clip_user``; this module keeps
@@ -84,7 +84,7 @@ class CellMeanStatistic:
             )
         arrays = spec.mechanism not in ("baseline", "noisy_ratio")
         mechanism = f"{cm.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
-        # Public counts: spec 003's neighbours (same count matrix, one user's values
+        # Public counts: the paper's neighbours (same count matrix, one user's values
         # differ). Strict: a user's whole data added or removed, or any subset of it.
         if cells.counts_public:
             neighbours = "user_values_same_counts"
@@ -250,7 +250,7 @@ class CellMeanStatistic:
         for slot in sorted(slots):
             done = state["released_through"]
             if done is not None and slot <= done:
-                # Never applied to a released cell (spec 003 section 5.4, pitfall 12).
+                # Never applied to a released cell: a release is never redrawn.
                 state["late_slots"] += 1
                 log.warning("statistic %s: data for released slot %s ignored", self.name, slot)
                 continue
@@ -378,7 +378,7 @@ class CellMeanStatistic:
         return (self.name, key, slot)
 
     def _fields(self, rel: cm.CellRelease, key: str, slot: int, epoch: int) -> dict:
-        S = self.cells.slot_ticks  # noqa: N806 - the spec's name
+        S = self.cells.slot_ticks  # noqa: N806 - the config's name
         fields: dict[str, Any] = {
             "cell": key,
             "slot": slot,
@@ -415,7 +415,7 @@ class CellMeanStatistic:
         return {
             "neighbours": self.neighbours,
             "note": (
-                "spec 003 per-cell means: each released cell costs epsilon to each user it "
+                "Rameshwar et al. per-cell means: each released cell costs epsilon to each user it "
                 "keeps; cells are disjoint, so a user's loss in an accounting epoch is the "
                 "sum over their kept cells (Thm II.3), capped at epoch_cap B; B per epoch "
                 "is what total_epsilon is checked against"

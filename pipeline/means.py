@@ -1,4 +1,4 @@
-"""kind mean: spec 000's continual mean (``operators.continual_mean``) as a UserStatistic.
+"""kind mean: George et al.'s continual mean (``operators.continual_mean``) as a UserStatistic.
 
 Glue only: states to and from JSON, the partition's users handed over in rank order.
 Stage 1 keeps each user's ``UserState`` in the user's entry and the partition's
@@ -30,7 +30,7 @@ class ContinualMeanStatistic:
     key: str | None
     spec: cm.ContinualMeanSpec
     mechanism: str = cm.MECHANISM
-    # Spec 000's neighbours: one user's samples change, the arrival pattern (who sent a
+    # George et al.'s neighbours: one user's samples change, the arrival pattern (who sent a
     # sample when) is public. Stated on every release instead of the pipeline's setting.
     neighbours: str = "user_values_same_arrivals"
 
@@ -130,7 +130,7 @@ class ContinualMeanStatistic:
         return {
             "neighbours": self.neighbours,
             "note": (
-                "spec 000 Alg. 6 over the whole stream: medians and binary mechanisms "
+                "George et al. Alg. 6 over the whole stream: medians and binary mechanisms "
                 "by basic composition, at most epsilon"
             ),
             "split": {name: float(value) for name, value in split.items()},

@@ -39,7 +39,8 @@ class Counter:
     module: ModuleType
     spec: Any
     state_cls: type
-    # For expiring mechanisms: the privacy loss of an item d ticks old (spec 004's eps*g(d)).
+    # For expiring mechanisms: the privacy loss eps*g(d) of an item d ticks old
+    # (Andersson et al. (expiration) Def. 1.1).
     privacy_loss: Callable[[int], float] | None = None
 
     def step(
@@ -60,7 +61,7 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
     prefix = (stat.name, instance)
     mechanism, k = stat.mechanism, stat.k
     if mechanism == "auto":
-        # Public parameters only: choosing costs no privacy (spec 002 section 3.6).
+        # Public parameters only: choosing costs no privacy (docs/papers.md).
         mechanism, k = kary_tree.choose_tree(epsilon, sensitivity, stat.horizon_ticks, prefix)
     if mechanism == "binary":
         spec = tree_counter.make_binary_tree(epsilon, sensitivity, prefix)
@@ -93,7 +94,7 @@ def expiration_curve(counter: Counter, max_age: int = 1 << 20) -> list[dict[str,
 
 
 # ---------------------------------------------------------------------------------------
-# User-level statistics (tau: auto): spec 001 Alg. 5 and its sum, histogram and distinct
+# User-level statistics (tau: auto): Dong-Luo-Yi Alg. 5 and its sum, histogram and distinct
 # count. Stage 1's report keys (pipeline/stages.py): "<s>b<band>/<bin>" units by rank
 # band, "<s>x<j>" users passing 2^j, "b<band>/<value>" distinct values; s is "+" for
 # insertions and "-" for deletions.
@@ -206,7 +207,7 @@ class UserLevelCounter:
             out["values"] = [b.value for b in bins]
             out["std"] = [b.std for b in bins]
             out["intervals"] = [[b.value - b.ci95, b.value + b.ci95] for b in bins]
-            # Post-processing (spec 001 section 2.8): no extra privacy cost.
+            # Post-processing (Dong-Luo-Yi Sec. IV-B): no extra privacy cost.
             out["max_frequency"] = max(b.value for b in bins)
         else:
             out["value"] = bins[0].value
@@ -241,7 +242,7 @@ class UserLevelCounter:
 
 
 def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevelCounter:
-    """The operator of a tau: auto statistic (spec 001 sections 2.5-2.11)."""
+    """The operator of a tau: auto statistic (Dong-Luo-Yi Alg. 5, Sec. IV, Sec. VI)."""
     eps, beta, theta = (Fraction(repr(x)) for x in (stat.epsilon, stat.beta, stat.theta))
     options: dict[str, Any] = {
         "practical": stat.practical,

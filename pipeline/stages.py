@@ -160,7 +160,7 @@ class _Counted:
 
 class Stage1:
     """Per-user contribution counts (on the original stream) and per-tick pre-aggregation:
-    kept units for a fixed tau (spec 001 Alg. 3), units by rank band and the users
+    kept units for a fixed tau (Dong-Luo-Yi Alg. 3), units by rank band and the users
     crossing each power of two for the user-level mechanisms (Alg. 5)."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
@@ -556,12 +556,14 @@ class Stage2:
             return {**entry, **counter.ledger_start()}
         if isinstance(counter, UserLevelCounter):
             entry["note"] = (
-                "spec 001 Alg. 5 over the whole infinite stream: tracker series below "
+                "Dong-Luo-Yi Alg. 5 over the whole infinite stream: tracker series below "
                 "epsilon/2, instance series below epsilon/2; budget entries follow"
             )
             return entry
         curve = expiration_curve(counter)
         if curve:
-            entry["note"] = "loss of an item decays with its age (spec 004); see expiration"
+            entry["note"] = (
+                "loss of an item decays with its age (Andersson et al. 2024); see expiration"
+            )
             entry["expiration"] = curve
         return entry

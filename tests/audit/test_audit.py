@@ -87,7 +87,7 @@ def neighbours(horizon: int, step: int, events: int = 5) -> tuple[Stream, Stream
 
 
 def tree_mechanism(module, spec, stream: Stream, tau: int):
-    """Truncate each user to tau units (spec 001 Alg. 3), then run the counter: releases."""
+    """Truncate each user to tau units (Dong-Luo-Yi Alg. 3), then run the counter: releases."""
     trunc = truncation.make_truncation(tau)
 
     def run(noise: NoiseSource) -> list[int]:
@@ -167,7 +167,7 @@ TREES = {
     "kary_k3": (kt, kt.make_kary_tree(1, TAU, ("k", 0), 3, subtract=False), 13, 5, 6000),
     "kary_subtract_k3": (kt, kt.make_kary_tree(1, TAU, ("s", 0), 3, subtract=True), 13, 5,
                          6000),
-    # Even k with subtraction (spec 002 App. A.3): period 1 is t = 2..5.
+    # Even k with subtraction (Andersson-Pagh-Torkamani App. A.3): period 1 is t = 2..5.
     "kary_subtract_k4": (kt, kt.make_kary_tree(1, TAU, ("e", 0), 4, subtract=True), 5, 2,
                          6000),
 }  # fmt: skip

@@ -1,4 +1,4 @@
-"""Baselines of spec 001 sections 2.12 and 5: the advanced-composition budget and its
+"""Baselines of Dong-Luo-Yi Sec. III-A and VII: the advanced-composition budget and its
 static per-step mechanisms, fixed and random tau."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ Item = tuple[str, int, int]  # (user, bin, units)
 
 
 def test_advanced_composition_illustration():
-    """Spec 001 section 2.12: delta = 1e-6, T = 5e7, epsilon = 2 gives eps' ~ 5.04e-5."""
+    """Advanced composition: delta = 1e-6, T = 5e7, epsilon = 2 gives eps' ~ 5.04e-5."""
     eps = bl.solve_step_epsilon(2, 1e-6, 5 * 10**7)
     assert float(eps) == pytest.approx(5.04e-5, rel=1e-3)
     assert float(eps) == pytest.approx(5.0392e-5, rel=1e-4)

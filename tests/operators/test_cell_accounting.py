@@ -1,6 +1,7 @@
-"""Per-user loss over cells, the epoch cap B, and the Clip-User reducer (spec 003 §2.7, §5).
+"""Per-user loss over cells, the epoch cap B, and the Clip-User reducer
+(ours, on Rameshwar et al. Thm II.3).
 
-Oracles: spec 003 §6.10 (accounting), §6.11 and E5 (Clip-User).
+Accounting properties, Clip-User properties and a worked example (E5).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def charge_of(cell: tuple, users: tuple[str, ...], eps: Fraction = Fraction(1)) 
 
 
 # ---------------------------------------------------------------------------------------
-# §6.10: accounting
+# Accounting
 
 
 def test_ledger_is_the_sum_over_kept_released_cells() -> None:
@@ -193,7 +194,7 @@ def test_release_charge_round_trip_with_cell_means() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Clip-User: E5 and §6.11
+# Clip-User: E5 and properties
 
 
 def clip_spec(kappa: int = 1) -> cu.ClipUserSpec:

@@ -1,6 +1,6 @@
-"""Per-cell user-level means of spec 003: grouping, mechanisms, worked examples, properties.
+"""Per-cell user-level means of Rameshwar et al.: grouping, mechanisms, worked examples, properties.
 
-Section numbers refer to shared/papers/specs/003.md (§6 lists the oracles asserted here).
+Worked examples E1-E5 and the stand-in count vector are ours (docs/papers.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ CELL = ("speed", "8a2a1072b59ffff", 17)
 E1 = {"u1": [10, 20, 30, 40], "u2": [50, 60], "u3": [70, 80], "u4": [90, 100]}
 E2_COUNTS = {"u1": 10, "u2": 6, "u3": 4, "u4": 2, "u5": 1}
 
-# Spec 003 §4, the stand-in count vector (value x multiplicity), sorted descending.
+# The stand-in count vector (ours; it matches the ITMS numbers of the paper's Sec. IV),
+# value x multiplicity, sorted descending.
 STAND_IN = (
     "417 359x14 312 305 296 290 280 274 272 265 264 261 260 252x2 236 226 184 183 174 169 "
     "155 145 133 129 122 102 100 95 94 92 91 85 81 80 79x2 68 63 62 60 57 56 55 54 50 48 "
@@ -64,7 +65,7 @@ def prepared(spec: cm.CellMeanSpec, data: dict[str, list[float]]) -> cm.Prepared
 
 
 def concat_chunks(counts: dict[str, int], m_ub: int) -> list[list[tuple[str, int]]]:
-    """Spec 003 §2.2's equivalent form of WrapAround: concatenate prefixes, cut, keep full."""
+    """An equivalent form of WrapAround (Alg. 1): concatenate prefixes, cut, keep full."""
     order = sorted(counts.items(), key=lambda um: (-um[1], um[0]))
     flat = [(user, j) for user, m in order for j in range(min(m, m_ub))]
     return [flat[i : i + m_ub] for i in range(0, len(flat) - m_ub + 1, m_ub)]
@@ -228,7 +229,7 @@ def test_quantile_levels() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The stand-in count vector (spec 003 §4)
+# The stand-in count vector
 
 
 def test_stand_in_vector() -> None:
@@ -243,7 +244,7 @@ def test_stand_in_vector() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# §6.1-3: grouping properties
+# Grouping properties
 
 
 @given(counts_strategy, st.integers(1, 40))
@@ -311,7 +312,7 @@ def test_grouping_depends_on_counts_only(counts: dict[str, int], data: st.DataOb
 
 
 # ---------------------------------------------------------------------------------------
-# §6.4: sensitivity brute force
+# Sensitivity brute force
 
 
 def brute_force_max_change(spec, data, interval=None) -> tuple[Fraction, dict[str, Fraction]]:
@@ -356,7 +357,7 @@ def test_sensitivity_is_tight_where_spec_003_says() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# §6.6: PrivateInterval
+# PrivateInterval
 
 
 @given(
@@ -409,7 +410,7 @@ def test_private_interval_bounds(values, tau_int, seed) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# §6.7: private quantile
+# Private quantile
 
 
 @given(
@@ -444,7 +445,7 @@ def test_quantile_output_on_the_grid_inside_bounds(values, seed) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# §6.8 and §6.9: eq. (10), scaling, Lemmas III.1 and III.2
+# Eq. (10), scaling, Lemmas III.1 and III.2
 
 
 @given(counts_strategy)
@@ -640,7 +641,7 @@ def test_config_values_are_exact_rationals() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Strict mode (spec 003 §5.6)
+# Strict mode (ours, docs/papers.md)
 
 
 def strict(**kw) -> cm.CellMeanSpec:
@@ -759,7 +760,7 @@ def test_add_remove_calibration_is_exceeded_under_any_subset(c):
 
 @pytest.mark.statistical
 def test_laplace_calibration() -> None:
-    """§6.5: the noise on f is Lap(Delta / eps) on a fine lattice.
+    """Laplace calibration: the noise on f is Lap(Delta / eps) on a fine lattice.
 
     n = 10^5 draws. For Laplace(b), |Z| has sd b, so mean |Z| has standard error
     b / sqrt(n) = 0.32% of b: 2% is > 6 standard errors. The sample variance has standard

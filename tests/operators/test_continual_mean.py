@@ -1,7 +1,7 @@
-"""Continual mean under user-level DP, spec 000: Algorithms 1, 2, 5, 6, 7 and baseline B0.
+"""Continual mean under user-level DP, George et al.: Algorithms 1, 2, 5, 6, 7 and baseline B0.
 
-Oracles and worked examples of spec 000 section 7, the [FIX] corrections of section 2 and
-the pitfalls of section 8, caps, affine scaling, state round trips, keyed replay, the
+Structural oracles and worked examples (ours), the corrections listed in docs/papers.md,
+caps, affine scaling, state round trips, keyed replay, the
 multi-partition protocol, and seeded statistical checks of the error's shape.
 """
 
@@ -62,9 +62,9 @@ def random_order(rng: random.Random, users: int, per_user: int) -> list[int]:
 
 
 def paper_alg6(spec: cm.ContinualMeanSpec, events: Sequence[tuple[int, int]]) -> list[dict]:
-    """Spec 000 section 2.8's procedure verbatim, medians at eps' -> infinity (argmin c).
+    """Alg. 6 (our corrections, docs/papers.md) verbatim, medians at eps' -> infinity (argmin c).
 
-    Written from the spec's pseudo-code, independently of the module: D_l is recomputed
+    Written from the paper's pseudo-code, independently of the module: D_l is recomputed
     from scratch at every arrival, the median fills exactly K arrays in first-arrival
     order and stops, the buffer is a list in arrival order. Values are grid units.
     """
@@ -148,7 +148,7 @@ def run_per_arrival(spec: cm.ContinualMeanSpec, events, noise=None):
 
 
 # ---------------------------------------------------------------------------------------
-# Section 7 worked examples
+# Worked examples
 
 
 def test_e1_binary_mechanism():
@@ -389,7 +389,7 @@ def test_oracles_2_and_5_sensitivity_structure_and_public_quantities(events, m):
     trace1 = [pub(s) for s in _states(spec, events)]
     trace2 = [pub(s) for s in _states(spec, other)]
     assert trace1 == trace2
-    # total = sum_u 2^min(floor(log2 m_u), a) (coverage formula of section 2.8)
+    # total = sum_u 2^min(floor(log2 m_u), a) (coverage formula, Claim C.1)
     counts: dict[int, int] = {}
     for u, _ in events:
         if u in counts or len(counts) < spec.n:
@@ -693,7 +693,7 @@ def test_oracle_9_budget(m):
 
 
 # ---------------------------------------------------------------------------------------
-# Corrections and pitfalls
+# Corrections (docs/papers.md)
 
 
 def test_p2_total_adds_the_element_size():
@@ -1055,7 +1055,7 @@ def test_statistical_term_decays_like_one_over_sqrt_t():
 
 @pytest.mark.statistical
 def test_error_within_theorem_3_4_bound():
-    """Thm 3.4 (explicit, c = 1, section 3): when (11) holds, |mu^_t - mu| <=
+    """Thm 3.4 (explicit, c = 1, App. E.2): when (11) holds, |mu^_t - mu| <=
     sqrt(ln(2/delta)/t) + (1/t) ln(1/delta) sqrt(sum_{l <= log M_t} (1 + log n) eta_l^2)
     w.p. >= 1 - 3 delta. With n = 1024 users x 16 contiguous samples (eps = 1): 40 runs
     with seeded data (medians at eps' -> infinity: zero noise during the run), each

@@ -1,4 +1,4 @@
-"""Insert/delete streams: spec 001 section 2.11 (Sec. VI), pitfall P13. The release is the
+"""Insert/delete streams: Dong-Luo-Yi Sec. VI. The release is the
 difference of two user-level mechanisms with epsilon/2 and beta/2 each."""
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def test_distinct_count_is_rejected_with_a_clear_error():
         dl.make_deletions("x", "distinct_count", 1, Fraction(1, 10))
     text = str(info.value)
     assert "statistic must be one of ('count', 'sum', 'histogram')" in text
-    assert "not supported" in text and "P13" in text
+    assert "not supported" in text and "Sec. VI" in text
 
 
 @pytest.mark.parametrize(

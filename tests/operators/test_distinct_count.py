@@ -1,5 +1,5 @@
-"""User-level distinct count F_0: spec 001 section 2.10, section 4 (first-occurrence
-re-admission), Example E, oracle 4 (against a from-scratch build), P1/P8."""
+"""User-level distinct count F_0: Dong-Luo-Yi Sec. IV-D, our first-occurrence re-admission,
+a worked example (Example E), a from-scratch build, any-subset neighbours."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def kept(spec: dc.DistinctCountSpec, vector: tuple[int, ...], tau: int) -> int:
 
 
 def test_example_e_band_units():
-    """Spec 001 Ex. E: (a,5),(a,7),(a,9),(b,9),(b,5). a's ranks 1,2,3 lie in bands 0,1,2,
+    """Ex. E: (a,5),(a,7),(a,9),(b,9),(b,5). a's ranks 1,2,3 lie in bands 0,1,2,
     b's ranks 1,2 in bands 0,1; (b,9)@4 arrives in band 0 below m(9) = 2: +1 in band 0,
     -1 in band 2 at tick 4."""
     table: dict[int, int] = {}
@@ -102,7 +102,7 @@ def test_example_e_tree_shift_and_f0():
 
 
 def test_example_e_explicit_moves():
-    """The per-band earliest ticks give spec 001 section 4's explicit moves: raising tau
+    """The per-band earliest ticks give the explicit first-occurrence moves: raising tau
     from 2 to 4 moves value 9 from tick 4 to tick 3 (-1 at 4, +1 at 3), nothing else."""
     earliest = {5: (1, 5, 0), 7: (0, 2, 0), 9: (4, 0, 3)}
     assert dc.first_ticks(earliest, 1) == {5: 1, 7: 2, 9: 4}
@@ -171,7 +171,7 @@ def test_oracle_4_readmission_equals_a_from_scratch_build(ticks, schedule):
 
 def test_f0_uses_the_truncated_stream_and_the_tracker_the_original():
     """A heavy user repeating one value: F_0 counts it once, while Count(D_t, 2^j) on the
-    ORIGINAL stream sees all of the user's items (pitfall P8)."""
+    ORIGINAL stream sees all of the user's items (Sec. IV-D)."""
     spec = dc.make_distinct_count("f0", 1, Fraction(1, 10), forced_schedule=((1, 2),))
     ticks: list[Tick] = [[("a", 1)] * 5, [("b", 2)], [("a", 3)]]
     states, releases = run(spec, ticks, ZeroNoise())

@@ -1,4 +1,5 @@
-"""Counters with gradual privacy expiration: Algorithms 1-3 of spec 004 (section 6 oracles).
+"""Counters with gradual privacy expiration: Algorithms 1-3 of Andersson et al. (expiration): worked
+examples, the paper's bounds and properties.
 
 Also home of the exact output-likelihood helper (``log_likelihood``) that the privacy
 sanity checks of this module and of ``test_round_restart`` share.
@@ -208,7 +209,7 @@ def test_log_likelihood_of_a_shared_node_sums_out_the_latent_noise():
 
 
 # ---------------------------------------------------------------------------------------
-# Worked examples E1-E6 (spec 004 section 6.2)
+# Worked examples E1-E6 (ours, computed by hand)
 
 
 def test_e1_noise_wiring_without_delay():
@@ -224,7 +225,7 @@ def test_e1_noise_wiring_with_delay_two():
 
 
 def batch_outputs(spec: et.ExpiringTreeSpec, weights: Sequence[int], z: Callable) -> list[int]:
-    """Spec 004 section 3.3 recomputed from scratch at every t (no state at all)."""
+    """Alg. 3 recomputed from scratch at every t (no state at all)."""
     out = []
     for t in range(1, len(weights) + 1):
         u = t - spec.delay
@@ -347,7 +348,7 @@ def test_e5_concentration_bounds():
 
 
 # ---------------------------------------------------------------------------------------
-# g(d) against the closed forms of spec 004 section 4.1
+# g(d) against the closed forms of Andersson et al. (expiration) Thm 1.2 / Lemma 4.1
 
 
 @pytest.mark.parametrize("delay", [0, 7])
@@ -379,8 +380,9 @@ def test_expiration_respects_the_asymptotic_bounds(lam):
             assert g <= 2 * ((n + 1) ** lam_f - 1) / lam_f + 1e-12
 
 
-def test_expected_plotted_values_of_spec_section_5():
-    """Spec 004 section 5 table, T = 10^6, absolute loss epsilon * g (3 significant digits)."""
+def test_expected_plotted_values_of_section_6():
+    """Our expected values for the paper's Sec. 6 curves, T = 10^6, absolute loss epsilon * g
+    (3 significant digits)."""
     table = {
         (1, 0.1947): ".195 .974 1.75 2.92 3.50 4.28 5.06",
         (2, 0.05645): ".056 .508 1.75 4.52 7.17 10.6 15.6",
@@ -407,7 +409,7 @@ def test_privacy_loss_is_epsilon_times_g_rounded_up():
 
 
 # ---------------------------------------------------------------------------------------
-# Properties P1-P9 (spec 004 section 6.1)
+# Properties P1-P9
 
 
 @pytest.mark.parametrize("u", [1, 2, 3, 6, 8, 13, 64, 100, 1023, 1024, 1025])
@@ -555,7 +557,7 @@ def test_p8_bound_is_monotone_and_zero_during_the_delay(lam, delay):
 
 
 def test_p8_raw_canonical_curve_is_not_monotone():
-    """Pitfall 9: d = 6 costs 4 but d = 7 costs 3 (lambda = 1)."""
+    """The exact cost is not monotone: d = 6 costs 4 but d = 7 costs 3 (lambda = 1)."""
     spec = make(lam=1)
     assert et.canonical_expiration(spec, 6) == 4 > et.canonical_expiration(spec, 7) == 3
 

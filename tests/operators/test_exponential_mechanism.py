@@ -1,4 +1,5 @@
-"""The exact exponential-mechanism sampler behind spec 003's private interval and quantiles."""
+"""The exact exponential-mechanism sampler behind Rameshwar et al.'s private interval and
+quantiles."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""User-level k-selection: spec 001 section 2.9 (Alg. 6), Example G, oracle 8, the
-one-way rank error, eq. (3), and a seeded check that the error is one-way."""
+"""User-level k-selection: Dong-Luo-Yi Alg. 6, a worked example (Example G), the noise-free check,
+the one-way rank error, eq. (3), and a seeded check that the error is one-way."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def counts_of(items: list[Item], domain: int) -> list[int]:
 
 
 def test_decompositions_of_the_spec():
-    """Spec 001 section 2.9 and Ex. G (R = 8): [2,8] = [2,2] u [3,4] u [5,8],
+    """Alg. 6's canonical decomposition, Ex. G (R = 8): [2,8] = [2,2] u [3,4] u [5,8],
     [6,8] = [6,6] u [7,8], [5,8] is one level-3 bin, [3,8] = [3,4] u [5,8]."""
     assert ks.dyadic_decomposition(2, 8) == ((1, 2), (2, 2), (3, 2))
     assert ks.dyadic_decomposition(6, 8) == ((1, 6), (2, 4))
@@ -94,7 +94,7 @@ def test_levels_and_padding():
 
 def test_scan_and_bisection_on_a_non_monotone_suffix():
     """The scan returns the LARGEST passing r; bisection some r with S(r) passing and
-    S(r + 1) failing, which can be smaller (spec 001 section 2.9)."""
+    S(r + 1) failing, which can be smaller (Alg. 6)."""
     S = {1: 5, 2: 1, 3: 5, 4: 0}.__getitem__
     assert ks.select_scan(S, 4, 3) == 3
     assert ks.select_bisect(S, 4, 3) == 1

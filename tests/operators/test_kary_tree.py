@@ -1,4 +1,5 @@
-"""k-ary tree counters with and without subtraction, spec 002 (sections 3, 5, 8)."""
+"""k-ary tree counters with and without subtraction, Andersson-Pagh-Torkamani: algorithms,
+error formulas, properties."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ KEY = b"kary-tree-test-key-0123456789abcdef"
 PREFIX = ("clicks", 0)
 
 # ---------------------------------------------------------------------------------------
-# Reference maths, written from spec 002's text independently of the module
+# Reference maths, written from the paper independently of the module
 
 
 def ref_digits(t: int, k: int, subtract: bool, h: int) -> tuple[int, ...]:
-    """Spec 002 section 2's closed form: digit l = standard digit l of (t + M) - c."""
+    """Balanced digits (Def. 3.8) in closed form: digit l = standard digit l of (t + M) - c."""
     c = (k - 1) // 2 if subtract else 0
     shifted = t + c * (k**h - 1) // (k - 1)
     assert 0 <= shifted < k**h, "t exceeds the capacity"
@@ -43,7 +44,7 @@ def ref_digits(t: int, k: int, subtract: bool, h: int) -> tuple[int, ...]:
 
 
 def ref_walk(d: Sequence[int], k: int) -> list[tuple[int, int, int, tuple[int, int]]]:
-    """Spec 002 section 3.1 verbatim: (p after the update, level, sign, node interval)."""
+    """The walk of Algs. 2 and 3 verbatim: (p after the update, level, sign, node interval)."""
     p, out = 0, []
     for level in range(len(d), 0, -1):
         size = k ** (level - 1)
@@ -59,7 +60,7 @@ def ref_walk(d: Sequence[int], k: int) -> list[tuple[int, int, int, tuple[int, i
 
 
 def node_of_p(p: int, k: int, subtract: bool, h: int) -> tuple[tuple[int, int], int]:
-    """Spec 002 section 3.1: the node and sign that p alone identifies."""
+    """The walk: the node and sign that p alone identifies."""
     d = ref_digits(p, k, subtract, h)
     level = next(i + 1 for i, v in enumerate(d) if v != 0)
     size = k ** (level - 1)
@@ -74,7 +75,7 @@ def interval(level: int, index: int, k: int) -> tuple[int, int]:
 
 
 def module_tree_nodes(k: int, subtract: bool, h: int, t: int) -> list[tuple[tuple, int, int]]:
-    """(interval, sign, p) of the module's walk of t in spec 002's single tree."""
+    """(interval, sign, p) of the module's walk of t in the paper's single tree."""
     out = []
     for level, index, sign in kt._walk(kt._digits(t, k, subtract, h), k):
         lo, hi = interval(level, index, k)
@@ -95,7 +96,7 @@ def run(spec, weights, noise):
 
 
 class MarkerNoise:
-    """Test source: a distinct, recognisable integer per node (spec 002 marker injection)."""
+    """Test source: a distinct, recognisable integer per node (marker injection)."""
 
     def discrete_laplace(self, node, scale) -> int:
         period, level, index = node[-3:]
@@ -111,7 +112,7 @@ def record_step(spec, t: int):
 
 
 # ---------------------------------------------------------------------------------------
-# Worked examples, spec 002 section 8.2
+# Worked examples (ours)
 
 
 E1 = [  # t, digits, P(t), signed nodes, w, marker sum
@@ -140,7 +141,7 @@ def test_e1_alg2_k3_t8_single_tree(t, digits, ps, nodes, w, marker):
 
 @pytest.mark.parametrize(("t", "digits", "ps", "nodes", "w", "marker"), E1)
 def test_e1_is_period_2_of_the_mechanism(t, digits, ps, nodes, w, marker):
-    """Period 2 of k = 3 is spec 002's tree for T = 9 >= 8: the same h = 3 and walk."""
+    """Period 2 of k = 3 is the paper's tree for T = 9 >= 8: the same h = 3 and walk."""
     spec = kt.make_kary_tree(Fraction(1, 2), 3, PREFIX, 3, True)
     calls, rel, marked = record_step(spec, period_start(3, 2) + t - 1)
     totals, own = calls[:2], calls[2:]
@@ -314,7 +315,7 @@ def test_e7_production_size_k19_t1e6():
 
 
 def test_table_6_2_rows():
-    """Spec 002 section 6.2 (derived): exact MSE * eps^2 of the single tree."""
+    """Our exact values (from Lemmas 3.5 and 4.7): exact MSE * eps^2 of the single tree."""
     table = {
         10**3: (987.6, 299.9, 449.0, 280.1, 199.4),
         10**4: (2532.8, 778.5, 1206.9, 739.9, 472.5),
@@ -331,7 +332,7 @@ def test_table_6_2_rows():
 
 
 # ---------------------------------------------------------------------------------------
-# Properties, spec 002 section 8.1
+# Properties
 
 
 CASES = [(k, sub) for k in (3, 5, 7, 19) for sub in (False, True)] + [(2, False), (4, False)]
@@ -674,7 +675,7 @@ def test_counters_with_different_prefixes_or_shapes_do_not_share_noise():
     _, ra = run(a, [0] * 40, KeyedNoise(KEY))
     _, rb = run(b, [0] * 40, KeyedNoise(KEY))
     assert [r.value for r in ra] != [r.value for r in rb]
-    # Same prefix, different shape: no node id in common (pitfall 7).
+    # Same prefix, different shape: no node id in common (differencing would cancel it).
     shapes = [(3, True), (3, False), (5, True), (2, False)]
     ids = [
         {
@@ -749,7 +750,7 @@ def test_epsilon_is_the_decimal_the_user_wrote_and_names():
 
 
 def test_choose_tree_picks_the_least_exact_mse():
-    """Spec 002 section 3.6: data-independent, and Alg. 1 can win at small T (pitfall 15)."""
+    """k = auto: data-independent, and Alg. 1 can win at small T."""
     picks = {T: kt.choose_tree(1, 1, T, PREFIX) for T in (1, 2, 5, 10, 100, 10**4, 10**6)}
     assert picks[1] == ("binary", 2)  # every shape ties at T = 1; the simplest wins
     assert picks[5] == ("kary_subtract", 4)  # the even-k variant (App. A.3) wins here
@@ -938,7 +939,7 @@ def test_empirical_covariance_of_consecutive_releases():
     assert {n_[-3] for n_ in common} == {0, 1, 2}
 
 
-# --- the even-k variant (spec 002 section 3.5, App. A.3) ----------------------------------
+# --- the even-k variant (App. A.3) -------------------------------------------------------
 
 
 def test_even_k_example_e8():
@@ -955,7 +956,7 @@ def test_even_k_example_e8():
 @pytest.mark.parametrize("k", [4, 6, 20])
 @pytest.mark.parametrize("h", [1, 2, 3, 4])
 def test_even_k_closed_form_at_capacity(k, h):
-    """Spec 002 section 5.2 [derived, exact]: at T = k(k^h - 1)/(2(k - 1)),
+    """Our exact closed form (App. A.3): at T = k(k^h - 1)/(2(k - 1)),
     MSE eps^2 = k h^3 / (2 (1 - k^-h)) + (k - 2) h^2 / (2 (k - 1))."""
     cap = kt.tree_capacity(k, True, h)
     assert cap == k * (k**h - 1) // (2 * (k - 1))
@@ -983,7 +984,7 @@ def test_even_k_digits_are_in_range_and_unique(k):
 def test_even_k_constants():
     assert kt.asymptotic_constant(4, True) == pytest.approx(0.25, abs=5e-5)
     assert kt.asymptotic_constant(20, True) == pytest.approx(0.12387, abs=5e-6)
-    # Worse than the odd-k variant by 1/(1 - 1/k^2), as spec 002 section 3.5 says.
+    # Worse than the odd-k variant by 1/(1 - 1/k^2), as App. A.3 says.
     ratio = kt.asymptotic_constant(20, True) / (20 * (1 - 1 / 400) / (2 * math.log2(20) ** 3))
     assert ratio == pytest.approx(1 / (1 - 1 / 400))
 

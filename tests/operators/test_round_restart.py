@@ -1,4 +1,5 @@
-"""Round-restarted binary mechanism with budget refresh: the baseline of spec 004 section 3.5."""
+"""Round-restarted binary mechanism with budget refresh: the baseline of Andersson et al.
+(expiration), Sec. 6."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_release_terms_structure():
 
 @pytest.mark.parametrize("window", [1, 5, 31, 63])
 def test_one_new_noisy_node_per_step_at_level_nu2(window):
-    """Pitfall 11: local step i creates exactly one node, at level nu2(i); a node covers
+    """Local step i creates exactly one node, at level nu2(i); a node covers
     local [q 2^m + 1, (q + 1) 2^m] with q even; P_k is new at each round's first step."""
     spec = make(window=window)
     seen: set[NodeId] = set()
@@ -84,7 +85,8 @@ def test_zero_noise_releases_the_exact_prefix_sums(weights, window):
 
 
 def test_streaming_matches_batch_recomputation():
-    """Spec 004 section 3.5 pseudocode run literally, with one fixed value per node."""
+    """The baseline's pseudocode (our reading of Sec. 6 and App. A.1) run literally, with one
+    fixed value per node."""
     window, weights = 7, [random.Random(3).randint(0, 4) for _ in range(30)]
     spec = make(window=window)
     table: dict[NodeId, int] = {}
@@ -157,7 +159,7 @@ def test_mean_noise_variance_is_the_average_of_the_per_step_variances(window, pa
 
 
 def test_expected_plotted_values_of_spec_section_5():
-    """Spec 004 section 5 table, T = 10^6 (3 significant digits).
+    """Our expected values for the paper's Sec. 6 baseline curves, T = 10^6 (3 significant digits).
 
     One cell is corrected: W = 127 with the optimal fraction at d = 10 is 4 nodes of
     6.973 / 7 = 3.9846, which the spec prints as 3.99 (double rounding via 3.985).

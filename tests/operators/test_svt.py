@@ -1,5 +1,5 @@
-"""AboveThreshold and the continual contribution tracker: spec 001 sections 2.1, 2.4, 2.6,
-Examples A and B, oracle 2 for the tracker, statistical checks S1 and S4."""
+"""AboveThreshold and the continual contribution tracker: Dong-Luo-Yi Alg. 1, Alg. 4, App. C-A,
+worked examples A and B, the tracker's monotone powers of two, statistical checks."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_log_is_max_one_log2():
     assert svt.LOG(8) == 3
     assert svt.LOG(Fraction(160)) == pytest.approx(7.321928, abs=1e-6)
     assert svt.LOG(Fraction(2**2000, 3)) == pytest.approx(2000 - math.log2(3))  # no overflow
-    assert svt.LOG(3) > math.log(3)  # log2, not ln (pitfall P2)
+    assert svt.LOG(3) > math.log(3)  # log2, not ln (footnote 3)
 
 
 def test_fires_is_strict_and_exact_for_large_integers():
@@ -223,7 +223,7 @@ def test_example_a_practical_series():
     assert [svt.tau_i(spec, i) for i in (1, 2, 3, 4)] == [64, 128, 256, 512]
     assert svt.tau_start(spec) == 64 and svt.tau_exponent(spec, 1) == 6
     assert [svt.beta_i(spec, i) for i in (1, 2)] == [Fraction(1, 80), Fraction(1, 180)]
-    # sum_{i>=1} 3/(i+3)^2 = 3 (pi^2/6 - 1 - 1/4 - 1/9) = 0.8514689. Spec 001 prints
+    # sum_{i>=1} 3/(i+3)^2 = 3 (pi^2/6 - 1 - 1/4 - 1/9) = 0.8514689. Our notes print
     # 0.851466, which is the partial sum over i <= 10^6 (tail 3/(10^6+4)); both are < 1.
     limit = 3 * (math.pi**2 / 6 - 1 - 1 / 4 - 1 / 9)
     assert limit == pytest.approx(0.8514689, abs=1e-7)

@@ -1,4 +1,4 @@
-"""Binary tree counter, spec 001 section 2.2 and Example C."""
+"""Binary tree counter, Dong-Luo-Yi Alg. 2, and a worked example (Example C)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_zero_noise_releases_the_exact_prefix_sums(weights):
 @pytest.mark.parametrize("t", [1, 2, 3, 7, 8, 13, 64, 100, 1023, 1024, 1025])
 def test_noise_structure_per_step(t):
     """floor(log2 t) period totals plus popcount(k) live nodes; a closed period's top node
-    is its total (spec 001 oracle 6)."""
+    is its total."""
     spec = tc.make_binary_tree(1, 2, ("s", 0))
     recorder = RecordingNoise(ZeroNoise())
     state = tc.BinaryTreeState()
@@ -163,7 +163,7 @@ def test_excess_kurtosis_of_one_term_matches_the_exact_pmf():
 @pytest.mark.statistical
 @pytest.mark.parametrize("t", [13, 24])
 def test_empirical_variance_matches_exact_variance(t):
-    """S2 of spec 001: Var(released - exact) equals the exact variance.
+    """Var(released - exact) equals the exact variance.
 
     n = 6000 seeded runs. The sample variance of n draws has relative standard error
     sqrt((2 + excess kurtosis) / n) (normal-theory 2/n plus the excess), computed exactly
@@ -187,7 +187,8 @@ def test_exact_variance_and_mse():
     for horizon in [*range(1, 70), 255, 256, 1000]:
         brute = sum(tc.variance(spec, t) for t in range(1, horizon + 1)) / horizon
         assert tc.mse(spec, horizon) == pytest.approx(brute, rel=1e-12)
-    # The same counter seen as spec 002's k = 2 tree (node for node, see test_kary_tree).
+    # The same counter seen as Andersson-Pagh-Torkamani's k = 2 tree (node for node, see
+    # test_kary_tree).
     from dpstream.operators import kary_tree as kt
 
     kary2 = kt.make_kary_tree(Fraction(1, 2), 3, ("s", 0), 2, subtract=False)

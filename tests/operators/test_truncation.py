@@ -1,4 +1,4 @@
-"""Fixed-tau admission (spec 001 Alg. 3) agrees with the rank bands of the user-level
+"""Fixed-tau admission (Dong-Luo-Yi Alg. 3) agrees with the rank bands of the user-level
 mechanisms (operators/user_level.py) at every power of two."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""User-level count, sum and histogram with efficient restart: spec 001 sections 2.5, 2.7,
-2.8 and 4; Examples A, C, D, E (the reusable tree), F; oracles 1-7; statistical S2, S3."""
+"""User-level count, sum and histogram with efficient restart: Dong-Luo-Yi Alg. 5, Sec. IV-A,
+IV-B and our re-admission; worked examples A, C, D, E (the reusable tree), F; oracles 1-7
+(our numbering); statistical checks."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ class RefTree:
             self.alpha = []
 
     def add(self, s: int, r: int, w: int) -> None:
-        """Section 4, step 3: into P[p] if s is in a completed period, else into the live
+        """Re-admission: into P[p] if s is in a completed period, else into the live
         node covering s (set bits of k from high to low)."""
         p = s.bit_length() - 1
         if p < len(self.periods):
@@ -149,8 +150,8 @@ class RefTree:
 
 
 class FifoReference:
-    """Section 4 literally: per-user c_u (S_u) and an overflow FIFO of (s, bin, first unit
-    position, units); on a tau increase, pop every overflow unit with position <= the new
+    """Our streaming re-admission literally: per-user c_u (S_u) and an overflow FIFO of (s, bin,
+    first unit position, units); on a tau increase, pop every overflow unit with position <= the new
     tau and re-admit it at its ORIGINAL tick; the leaf keeps the units of rank <= tau."""
 
     def __init__(self, bins: int) -> None:
@@ -227,7 +228,7 @@ def test_rank_bands():
 
 
 def test_crossed_powers():
-    assert ul.crossed_powers(0, 1) == []  # 1 > 1 is false (strict, section 0)
+    assert ul.crossed_powers(0, 1) == []  # 1 > 1 is false (strict, Sec. II-A)
     assert ul.crossed_powers(0, 2) == [0]
     assert ul.crossed_powers(1, 2) == [0]
     assert ul.crossed_powers(2, 3) == [1]
@@ -429,7 +430,7 @@ def test_oracle_4_and_5_on_random_streams(mode):
             for level, vector in enumerate(tree.alpha):
                 if not k >> level & 1:
                     assert vector == ()
-            # (b) section 4's per-user FIFO re-admission, node for node
+            # (b) the per-user FIFO re-admission, node for node
             fifo.step(ticks[t - 1], tau)
             assert fifo.tree.nodes() == scratch
             # the output (zero noise) is F(Truncate(D_t, tau_t)) ...
@@ -778,7 +779,7 @@ def test_oracle_7_sensitivity(ticks, tau, data):
         assert loss <= bound
 
 
-def test_pitfall_p1_subset_removal_moves_2_tau():
+def test_any_subset_removal_moves_2_tau():
     """Deleting items 1..tau of a user with 2 tau items: the leaf L1 difference is 2 tau."""
     tau = 4
     ticks = [[(0, 0, 1)] for _ in range(2 * tau)]
@@ -889,7 +890,7 @@ def test_s2_variance_at_a_fixed_t():
     n = 10000 runs, each with its own production KeyedNoise key, two bins. The sample
     variance has relative standard error sqrt((2 + excess kurtosis) / n) (~1.5% here);
     the assertions allow 5 of them around the exact discrete-Laplace variance, and check
-    the spec's +-10% of 2 sum b^2 = 23552. The two bins must be independent (their noise
+    within +-10% of 2 sum b^2 = 23552. The two bins must be independent (their noise
     ids differ in r): |sample correlation| <= 5 / sqrt(n).
     """
     n = 10000

@@ -1,4 +1,4 @@
-"""kind cell_mean (spec 003) through stage 1, stage 2 and replay, with exact values.
+"""kind cell_mean (Rameshwar et al.) through stage 1, stage 2 and replay, with exact values.
 
 Zero noise (``insecure_zero``) releases the mechanism's statistic rounded to its release
 lattice Delta / 1024 (operators/cell_mean.py), which ``lattice`` recomputes exactly.
@@ -106,7 +106,7 @@ def e1_lines() -> list[bytes]:
 
 @pytest.mark.parametrize("partitions", [1, 4])
 def test_spec_003_e1_wraparound_and_bestfit_through_the_pipeline(partitions):
-    """Spec 003 section 6, E1 (m_UB = 3): WrapAround K = 3, f = 56.667, Delta = 2U/K;
+    """Worked example E1 (m_UB = 3): WrapAround K = 3, f = 56.667, Delta = 2U/K;
     BestFit K_bar = 4, f = 61.25, Delta = U/K_bar = 25."""
     arrays = {"mechanism": "array_averaging", "m_ub": 3}
     wrap, _, _ = run(cell_config(partitions, grouping="wrap_around", **arrays), e1_lines())

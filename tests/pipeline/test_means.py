@@ -1,4 +1,4 @@
-"""kind mean (spec 000 Alg. 6) in the pipeline's stages: replay equals the operator's own
+"""kind mean (George et al. Alg. 6) in the pipeline's stages: replay equals the operator's own
 two-stage simulation over the same partitions, exactly, with zero and with keyed noise."""
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def _cfg(**changes):
                 "statistics__0__mechanism": "kary",
                 "statistics__0__k": 4,
             },
-            "statistics[0].mechanism: tau: auto runs spec 001's binary tree",
+            "statistics[0].mechanism: tau: auto runs Dong-Luo-Yi's binary tree",
         ),
         (
             {

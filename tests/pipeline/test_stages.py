@@ -60,7 +60,7 @@ def config(**privacy):
 
 
 def test_example_d_truncation_keeps_the_first_tau_units():
-    """Spec 001 Ex. D: users a,a,a,b,a,b,_,a with tau = 2 keep 1,1,0,1,0,1,0,0."""
+    """Our worked example D: users a,a,a,b,a,b,_,a with tau = 2 keep 1,1,0,1,0,1,0,0."""
     spec = truncation.make_truncation(2)
     used: dict[str, int] = {}
     kept = []
@@ -395,7 +395,7 @@ def test_user_level_ledger_reports_both_series_below_epsilon():
 
 
 def test_user_level_k_selection_max_and_median():
-    """Spec 001 Ex. G's items with zero noise. The threshold k + Delta uses the Chernoff
+    """Worked example G's items with zero noise. The threshold k + Delta uses the Chernoff
     bound of the (here tiny) noise, 0 < Delta < 1, so the released r is the largest with
     at least k + 1 items in [r, R]: one-way, never above the true k-th value."""
     items = [("a", 7), ("b", 3), ("c", 5), ("a", 4), ("d", 1)]
