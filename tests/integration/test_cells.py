@@ -1,4 +1,4 @@
-"""Per-cell means (kind cell_mean, spec 003) on the real broker.
+"""Per-cell means (kind cell_mean, Rameshwar et al.) on the real broker.
 
 60 users send speeds in four cells for about ten 1-second slots (ticks of 0.5 s, two per
 slot) with keyed noise, to one of two pipelines: Levy with Clip-User under public counts

@@ -1,4 +1,4 @@
-"""kind mean (spec 000 Alg. 6) on the real broker.
+"""kind mean (George et al. Alg. 6) on the real broker.
 
 300 users on 4 partitions send values in [0, 100] tick after tick, heavy users more, so
 the private medians of levels 2 and 3 gather their arrays mid-stream and the levels

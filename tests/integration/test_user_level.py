@@ -1,4 +1,4 @@
-"""User-level statistics (tau: auto, spec 001 Alg. 5) on the real broker.
+"""User-level statistics (tau: auto, Dong-Luo-Yi Alg. 5) on the real broker.
 
 400 users whose contributions grow tick after tick, so the private contribution trackers
 double tau several times mid-stream; count, sum, histogram, distinct count, k-selection
