@@ -41,9 +41,9 @@ import numpy as np  # noqa: E402
 
 from dpstream.operators import binary_mechanism as bm  # noqa: E402
 from dpstream.operators import continual_mean as cm  # noqa: E402
-from dpstream.operators import naive_mean as nm  # noqa: E402
-from dpstream.operators import per_step_mean as b0  # noqa: E402
 from dpstream.operators import private_median as pm  # noqa: E402
+from dpstream.operators.baselines import naive_mean as nm  # noqa: E402
+from dpstream.operators.baselines import per_step_mean as b0  # noqa: E402
 from dpstream.operators.noise import ZeroNoise, discrete_laplace_variance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ by its privacy loss as a function of the elapsed time d:
 * Algorithm 3 (``operators/expiring_tree.py``, B = 0, lambda = 1, 2, 3): the worst case
   over j of the canonical-decomposition cost (the paper's "empirical" curve) and the
   Theorem 1.2 bound epsilon * g_lambda(d);
-* the round-restarted binary mechanism (``operators/round_restart.py``) with
+* the round-restarted binary mechanism (``operators/baselines/round_restart.py``) with
   eps_past = eps_cur / 10, and with the fraction that minimises the loss at d = T.
 
 Everything is deterministic (the loss does not depend on the data), so there are no
@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dpstream.operators import expiring_tree as et  # noqa: E402
-from dpstream.operators import round_restart as rr  # noqa: E402
+from dpstream.operators.baselines import round_restart as rr  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "expiration.md"
@@ -342,7 +342,7 @@ def main() -> None:
 Reproduction of Andersson, Henzinger, Pagh, Steiner, Upadhyay, *Continual Counting with
 Gradual Privacy Expiration* (NeurIPS 2024, arXiv:2406.03802), Table 1 and Figs 1(b)/2/3,
 with the mechanisms of `operators/expiring_tree.py` (Algorithm 3, Algorithm 2 = λ=1) and
-`operators/round_restart.py` (the round-restarted binary mechanism baseline).
+`operators/baselines/round_restart.py` (the round-restarted binary mechanism baseline).
 
 Regenerate (deterministic, took {elapsed:.0f} s):
 

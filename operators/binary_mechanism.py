@@ -9,7 +9,7 @@ with ``depth = 1 + floor(log2 capacity)``. Example: S_7 = NPS[4] + NPS[6] + NPS[
 
 **State (k, exact total).** The exact parts of the nodes of the decomposition of k sum to
 the exact prefix x_1 + ... + x_k, so the release is that total plus the nodes' noise, and
-the state needs nothing else (as in ``round_restart``). Noise is never stored: node i has
+the state needs nothing else (as in ``baselines.round_restart``). Noise is never stored: node i has
 the identity ``(*node_prefix, i)`` and a keyed NoiseSource re-derives the same draw at
 every release that uses it and after any replay. A node id always names the same leaves,
 so it never carries two different quantities.

@@ -105,3 +105,10 @@ def test_imports_go_one_way():
             assert all(t.startswith("dpstream.operators") for t in targets), (name, targets)
         if name.startswith("dpstream.config"):
             assert not any(t.startswith("dpstream.pipeline") for t in targets), (name, targets)
+
+
+def test_the_baselines_stay_out_of_the_production_import_path():
+    # Experiment-only mechanisms: tests and experiments/ import them, nothing else does.
+    for name, targets in graph().items():
+        if not name.startswith("dpstream.operators.baselines"):
+            assert not any(t.startswith("dpstream.operators.baselines") for t in targets), name

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import baselines as bl
 from dpstream.operators import distinct_count as dc
 from dpstream.operators import k_selection as ks
 from dpstream.operators import state_codec
 from dpstream.operators import user_level as ul
+from dpstream.operators.baselines import user_level as bl
 from dpstream.operators.errors import BudgetExceededError, InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.operators.svt import LOG

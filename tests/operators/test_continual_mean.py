@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from dpstream.operators import binary_mechanism as bm
 from dpstream.operators import continual_mean as cm
-from dpstream.operators import naive_mean as nm
-from dpstream.operators import per_step_mean as b0
 from dpstream.operators import private_median as pm
 from dpstream.operators import state_codec
+from dpstream.operators.baselines import naive_mean as nm
+from dpstream.operators.baselines import per_step_mean as b0
 from dpstream.operators.errors import BudgetExceededError, InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,

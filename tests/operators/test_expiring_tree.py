@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import expiring_simple as es
 from dpstream.operators import expiring_tree as et
 from dpstream.operators import state_codec
+from dpstream.operators.baselines import expiring_simple as es
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,

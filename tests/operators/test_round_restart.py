@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import round_restart as rr
 from dpstream.operators import state_codec
+from dpstream.operators.baselines import round_restart as rr
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.expiring_tree import ceil_float
 from dpstream.operators.noise import (

@@ -28,10 +28,10 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from . import binary_mechanism as bm
-from .continual_mean import DEFAULT_RESOLUTION, MeanRelease
-from .noise import NodeId, NoiseSource, chernoff_interval, node_bytes
+from .. import _validate
+from .. import binary_mechanism as bm
+from ..continual_mean import DEFAULT_RESOLUTION, MeanRelease
+from ..noise import NodeId, NoiseSource, chernoff_interval, node_bytes
 
 MECHANISM = "naive_mean"
 

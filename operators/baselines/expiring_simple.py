@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .expiring_tree import ceil_float
-from .noise import NodeId, NoiseSource, node_bytes
-from .release import Term, TreeRelease, noise_std, noisy_release
+from .. import _validate
+from ..expiring_tree import ceil_float
+from ..noise import NodeId, NoiseSource, node_bytes
+from ..release import Term, TreeRelease, noise_std, noisy_release
 
 MECHANISM = "expiring_simple"
 

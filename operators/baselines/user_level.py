@@ -63,14 +63,14 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import _validate
-from . import k_selection as ks
-from . import user_level as ul
-from .errors import BudgetExceededError
-from .noise import NodeId, NoiseSource
-from .release import TreeRelease, noisy_release
-from .svt import LOG, above_threshold_step, make_above_threshold
-from .svt import AboveThresholdState as _SvtState
+from .. import _validate
+from .. import k_selection as ks
+from .. import user_level as ul
+from ..errors import BudgetExceededError
+from ..noise import NodeId, NoiseSource
+from ..release import TreeRelease, noisy_release
+from ..svt import LOG, above_threshold_step, make_above_threshold
+from ..svt import AboveThresholdState as _SvtState
 
 # ---------------------------------------------------------------------------------------
 # Advanced composition (Dong-Luo-Yi Sec. III-A and VII)
