@@ -804,7 +804,8 @@ def _try_container() -> KafkaContainer | None:
             raise
         # A pull that a proxy, an air gap or Docker Hub's rate limit refused must not fail a
         # run that Kafka's own jars can serve: say why, once, and go on without Docker.
-        logger.warning("%s; using the local jar broker instead", _one_line(exc))
+        hint = " (TESTCONTAINERS_RYUK_DISABLED=true skips the reaper)" if "ryuk" in str(exc) else ""
+        logger.warning("%s%s; using the local jar broker instead", _one_line(exc), hint)
         return None
 
 
