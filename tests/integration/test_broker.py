@@ -140,7 +140,7 @@ def _engine_without_registry(monkeypatch) -> list[str]:
     return started
 
 
-def test_an_unpullable_container_falls_back_to_the_jar_broker_with_one_warning(monkeypatch, caplog):
+def test_an_unpullable_image_falls_back_to_the_jar_broker_with_one_warning(monkeypatch, caplog):
     monkeypatch.delenv("DPSTREAM_REQUIRE_CONTAINERS", raising=False)
     monkeypatch.setenv("DPSTREAM_KAFKA_IMAGE", "registry.invalid/kafka:0")
     started = _engine_without_registry(monkeypatch)
@@ -152,7 +152,7 @@ def test_an_unpullable_container_falls_back_to_the_jar_broker_with_one_warning(m
     assert "registry.invalid/kafka:0" in warned[0] and "jar broker" in warned[0]
 
 
-def test_required_containers_never_fall_back(monkeypatch):
+def test_a_required_image_never_falls_back(monkeypatch):
     monkeypatch.setenv("DPSTREAM_REQUIRE_CONTAINERS", "1")
     started = _engine_without_registry(monkeypatch)
     with pytest.raises(broker.BrokerError, match="could not start"), kafka_broker():
@@ -163,7 +163,7 @@ def test_required_containers_never_fall_back(monkeypatch):
     assert started == []
 
 
-def test_the_container_image_comes_from_the_environment(monkeypatch):
+def test_the_broker_image_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("DPSTREAM_KAFKA_IMAGE", raising=False)
     assert broker.kafka_image() == f"apache/kafka:{KAFKA_VERSION}"
     monkeypatch.setenv("DPSTREAM_KAFKA_IMAGE", " dpstream/kafka:x ")
