@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import yaml
 
-from dpstream.config.schema import PipelineConfig, parse_config
-from dpstream.pipeline.worker_support import spawn_worker, stop_worker
+if TYPE_CHECKING:  # pytest imports this module in every run: dpstream's own imports wait
+    from dpstream.config.schema import PipelineConfig
 
 WAIT_SECONDS = 90.0
 """How long a read waits for releases: a worker's first release takes a few seconds."""
@@ -58,6 +58,7 @@ class Pipeline:
         cls, bootstrap: str, data: dict[str, Any], directory: Path, env: dict[str, str] | None
     ) -> Pipeline:
         """Write the config, create its topics and start the worker."""
+        from dpstream.config.schema import parse_config
         from dpstream.pipeline.topics import ensure_topics
 
         data = unique_names(data)
@@ -72,6 +73,8 @@ class Pipeline:
 
     def restart(self) -> None:
         """Start the worker (again, after :meth:`kill` or :meth:`stop`) on the same config."""
+        from dpstream.pipeline.worker_support import spawn_worker
+
         if self.running():
             return
         self._proc = spawn_worker(self.config_path, self.bootstrap, self.log_path, self._env)
@@ -153,6 +156,8 @@ class Pipeline:
 
     def stop(self) -> None:
         """Stop the worker cleanly and close the clients. Safe to call twice."""
+        from dpstream.pipeline.worker_support import stop_worker
+
         if self._proc is not None:
             stop_worker(self._proc)
         for reader in self._readers.values():
