@@ -39,6 +39,8 @@ debian_base() {
     rm -f "$dir.log"
     # The downloaded .debs and package lists only make the image bigger.
     rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+    # mktemp made the directory 0700; as the image's / it would lock out non-root users.
+    chmod 0755 "$dir"
     tar -C "$dir" -c . | "$DOCKER" import --change 'ENV LANG=C.UTF-8' - "$tag" >/dev/null
     say "$tag made in $((SECONDS - started)) s"
 }
