@@ -66,10 +66,16 @@ debian_bases() {
 # The worker's dependencies as wheels, fetched on the host: its pip reaches PyPI (and trusts
 # the machine's certificates), which a build container need not.
 worker_wheels() {
-    local started=$SECONDS
-    # shellcheck disable=SC2046,SC2086  # PIP may be two words; the requirements are words
-    $PIP wheel -q --wheel-dir deploy/wheels "setuptools>=68" wheel \
-        $("$PYTHON" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))")
+    local started=$SECONDS requirements stamp=deploy/.cache/wheels.requirements
+    requirements=$("$PYTHON" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))")
+    # The same requirements as last time: the wheels there still satisfy them.
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$requirements" ]; then
+        say "worker wheels reused"
+        return 0
+    fi
+    # shellcheck disable=SC2086  # PIP may be two words; the requirements are words
+    $PIP wheel -q --wheel-dir deploy/wheels "setuptools>=68" wheel $requirements
+    echo "$requirements" >"$stamp"
     say "worker wheels ready in $((SECONDS - started)) s"
 }
 
