@@ -120,7 +120,7 @@ def compose(tmp_path: Path) -> Iterator[Compose]:
         "DPSTREAM_KAFKA_IMAGE": kafka_image(),
         WORKER_IMAGE_ENV: worker_image,
         "DPSTREAM_KAFKA_HOST_PORT": str(port),
-        "DPSTREAM_NOISE_KEY": np.random.default_rng(17).bytes(24).hex(),
+        "DPSTREAM_NOISE_KEY": np.random.default_rng(17).bytes(32).hex(),
     }
     project = Compose(
         command,
