@@ -1,12 +1,19 @@
 # Two commands do everything on a fresh machine (Python 3.11+, JDK 17+, Maven):
 #   make demo   -- local Kafka broker, a dpstream worker, synthetic users, live private counts
 #   make test   -- the whole test suite, integration tests against a real broker included
+# With Docker (see README): make compose-up -- broker + worker in containers; make images.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit lint install broker-jars clean
+# docker compose (the plugin) where it answers, else docker-compose (v1, e.g. Debian's).
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE_FILE := deploy/docker-compose.yml
+# apache/kafka from Docker Hub; dpstream/kafka:4.1.1 (make images) where no registry answers.
+KAFKA_IMAGE ?= $(or $(DPSTREAM_KAFKA_IMAGE),apache/kafka:4.1.1)
+
+.PHONY: demo test unit lint install broker-jars images compose-up compose-down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +36,19 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operators pipeline config tests
+	$(VENV)/bin/ruff check operators pipeline config testing tests
+
+# The broker and worker images from the project's own files (debootstrap: root needed once).
+images: $(STAMP) broker-jars
+	PYTHON=$(PY) deploy/images.sh
+
+# Broker and worker from deploy/docker-compose.yml; the worker image is built if missing.
+# The noise key comes from the environment: DPSTREAM_NOISE_KEY="$$(cat noise.key)".
+compose-up:
+	DPSTREAM_KAFKA_IMAGE=$(KAFKA_IMAGE) $(COMPOSE) -f $(COMPOSE_FILE) up -d
+
+compose-down:
+	DPSTREAM_NOISE_KEY=unused $(COMPOSE) -f $(COMPOSE_FILE) down
 
 clean:
 	rm -rf $(VENV) deploy/.cache .dpstream demo-out

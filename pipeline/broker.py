@@ -3,7 +3,10 @@
 Three ways to get a broker, tried in this order by :func:`kafka_broker`:
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` is set: use that cluster, start nothing.
-2. A Docker engine answers: run ``apache/kafka:<KAFKA_VERSION>`` through testcontainers.
+2. A Docker engine answers: run ``$DPSTREAM_KAFKA_IMAGE`` (default
+   ``apache/kafka:<KAFKA_VERSION>``) through testcontainers. If that container cannot start
+   (no registry, no reaper image, no published port) a warning says why and 3. follows,
+   unless ``DPSTREAM_REQUIRE_CONTAINERS=1``.
 3. Otherwise: :class:`LocalKafka`, a single-node KRaft broker run straight from Kafka's own
    jars, which Maven fetches once into ``deploy/.cache/kafka-<version>/`` (:func:`fetch_jars`).
    Needs only a JDK (17+) and Maven.
@@ -618,8 +621,25 @@ def docker_available() -> bool:
             gc.collect()  # drop the failed client's socket while warnings are still ignored
 
 
+IMAGE_ENV = "DPSTREAM_KAFKA_IMAGE"
+"""Names the broker image :func:`kafka_broker` runs (default :data:`KAFKA_IMAGE`)."""
+
+REQUIRE_CONTAINERS_ENV = "DPSTREAM_REQUIRE_CONTAINERS"
+"""Set to 1 where a containerized broker must be used (CI's container tests): no fallback."""
+
 _CONTAINER_SCRIPT = "/tmp/dpstream-start.sh"  # noqa: S108 - a path inside the container
 _CONTAINER_PORT = 9092
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def kafka_image() -> str:
+    """The broker image for containers: ``$DPSTREAM_KAFKA_IMAGE``, else :data:`KAFKA_IMAGE`."""
+    return os.environ.get(IMAGE_ENV, "").strip() or KAFKA_IMAGE
+
+
+def containers_required() -> bool:
+    """Whether ``$DPSTREAM_REQUIRE_CONTAINERS`` forbids falling back to the jar broker."""
+    return os.environ.get(REQUIRE_CONTAINERS_ENV, "").strip().lower() in _TRUE
 
 
 def _container_env(cluster_id: str) -> dict[str, str]:
@@ -650,51 +670,106 @@ def _container_script(host: str, port: int) -> str:
     )
 
 
-@contextmanager
-def _kafka_container(timeout: float = 120.0) -> Iterator[str]:
-    """Run ``apache/kafka`` through testcontainers and yield its bootstrap string.
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an error, cut short: a fallback warning must stay one line."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def _script_archive(script: bytes) -> bytes:
+    """A tar holding the container's start script (``put_archive`` takes tar bytes)."""
+    import io
+    import tarfile
+
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo(name=_CONTAINER_SCRIPT.lstrip("/"))
+        info.size = len(script)
+        info.mode = 0o755
+        info.mtime = int(time.time())
+        tar.addfile(info, io.BytesIO(script))
+    return archive.getvalue()
+
+
+@dataclass
+class KafkaContainer:
+    """A single-node KRaft broker in a container started through testcontainers.
 
     testcontainers' own ``KafkaContainer`` drives Confluent's cp-kafka scripts and rejects
     ``apache/kafka:4.x`` in KRaft mode (its version check wants >= 7.0.0), so this uses its
     generic ``DockerContainer`` the way testcontainers-java does for apache/kafka: the
-    container waits for a start script that is written once the mapped port is known.
+    container waits for a start script that is written once the mapped port is known. Any
+    image that configures itself from ``KAFKA_*`` variables through ``/etc/kafka/docker/run``
+    works: apache/kafka, or dpstream's own (``deploy/kafka-image/``).
+
+    Attributes:
+        bootstrap: ``host:port`` for clients on this machine.
+        image: The image it runs.
     """
-    import io
-    import tarfile
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from testcontainers.core.container import DockerContainer
+    bootstrap: str
+    image: str
+    _container: Any = field(repr=False, compare=False)
 
-    container = DockerContainer(KAFKA_IMAGE)
-    for key, value in _container_env(_cluster_id()).items():
-        container.with_env(key, value)
-    container = container.with_exposed_ports(_CONTAINER_PORT).with_command(
-        [
-            "sh",
-            "-c",
-            f"while [ ! -f {_CONTAINER_SCRIPT} ]; do sleep 0.1; done; "
-            f"exec bash {_CONTAINER_SCRIPT}",
-        ]
-    )
-    try:
-        container.start()
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            container.stop()
-        raise BrokerError(f"could not start the {KAFKA_IMAGE} container: {exc}") from exc
-    try:
-        host = container.get_container_host_ip()
-        port = int(container.get_exposed_port(_CONTAINER_PORT))
-        script = _container_script(host, port).encode()
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(name=_CONTAINER_SCRIPT.lstrip("/"))
-            info.size = len(script)
-            info.mode = 0o755
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(script))
-        container.get_wrapped_container().put_archive("/", archive.getvalue())
+    @classmethod
+    def start(cls, image: str | None = None, *, timeout: float = 120.0) -> KafkaContainer:
+        """Start the container and wait until the broker answers through its mapped port.
+
+        Args:
+            image: The broker image; default :func:`kafka_image`.
+            timeout: Seconds to wait for a metadata answer once the container runs.
+
+        Returns:
+            The running broker.
+
+        Raises:
+            BrokerError: The image could not be pulled, the container (or the Ryuk reaper)
+                did not start, its port was not published, or the broker did not answer.
+        """
+        image = image or kafka_image()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from testcontainers.core.container import DockerContainer
+
+        container = DockerContainer(image)
+        for key, value in _container_env(_cluster_id()).items():
+            container.with_env(key, value)
+        container = container.with_exposed_ports(_CONTAINER_PORT).with_command(
+            [
+                "sh",
+                "-c",
+                f"while [ ! -f {_CONTAINER_SCRIPT} ]; do sleep 0.1; done; "
+                f"exec bash {_CONTAINER_SCRIPT}",
+            ]
+        )
+        started = time.monotonic()
+        try:
+            container.start()
+        except Exception as exc:  # docker SDK and testcontainers raise many kinds
+            with contextlib.suppress(Exception):
+                container.stop()
+            raise BrokerError(f"could not start the {image} container: {_one_line(exc)}") from exc
+        try:
+            bootstrap = cls._configure(container, timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                container.stop()
+            raise
+        logger.info(
+            "Kafka container %s up at %s in %.1f s", image, bootstrap, time.monotonic() - started
+        )
+        return cls(bootstrap=bootstrap, image=image, _container=container)
+
+    @staticmethod
+    def _configure(container: Any, timeout: float) -> str:
+        """Hand the container its advertised address, then wait for the broker."""
+        try:
+            host = container.get_container_host_ip()
+            port = int(container.get_exposed_port(_CONTAINER_PORT))
+            script = _container_script(host, port).encode()
+            container.get_wrapped_container().put_archive("/", _script_archive(script))
+        except Exception as exc:
+            raise BrokerError(f"the Kafka container's port was not published: {exc}") from exc
         bootstrap = f"{host}:{port}"
         try:
             wait_for_metadata(bootstrap, timeout)
@@ -702,10 +777,36 @@ def _kafka_container(timeout: float = 120.0) -> Iterator[str]:
             out, err = container.get_logs()
             logs = _tail_text((out + err).decode("utf-8", "replace"), 30)
             raise BrokerError(f"{exc}; container log:\n{logs}") from None
-        logger.info("Kafka container %s up at %s", KAFKA_IMAGE, bootstrap)
-        yield bootstrap
-    finally:
-        container.stop()
+        return bootstrap
+
+    def stop(self) -> None:
+        """Stop and remove the container. Safe to call twice."""
+        with contextlib.suppress(Exception):
+            self._container.stop()
+
+
+def _try_container() -> KafkaContainer | None:
+    """A broker container if Docker answers and it starts; ``None`` means "use the jars".
+
+    Raises:
+        BrokerError: Containers are required (:func:`containers_required`) but no engine
+            answers or the container did not start.
+    """
+    required = containers_required()
+    if not docker_available():
+        if required:
+            raise BrokerError(f"{REQUIRE_CONTAINERS_ENV} is set but no Docker engine answers")
+        return None
+    try:
+        return KafkaContainer.start()
+    except BrokerError as exc:
+        if required:
+            raise
+        # A pull that a proxy, an air gap or Docker Hub's rate limit refused must not fail a
+        # run that Kafka's own jars can serve: say why, once, and go on without Docker.
+        hint = " (TESTCONTAINERS_RYUK_DISABLED=true skips the reaper)" if "ryuk" in str(exc) else ""
+        logger.warning("%s%s; using the local jar broker instead", _one_line(exc), hint)
+        return None
 
 
 @contextmanager
@@ -713,8 +814,10 @@ def kafka_broker() -> Iterator[str]:
     """Yield the bootstrap string of a running Kafka broker; stop it afterwards if started here.
 
     Order: ``$KAFKA_BOOTSTRAP_SERVERS`` if set and non-empty (nothing is started or stopped);
-    else ``apache/kafka:<KAFKA_VERSION>`` via testcontainers when :func:`docker_available`;
-    else :meth:`LocalKafka.start` (fetching the jars first).
+    else a :class:`KafkaContainer` of :func:`kafka_image` when :func:`docker_available`;
+    else :meth:`LocalKafka.start` (fetching the jars first). A container that cannot start
+    (image not pullable, reaper not pullable, port not published) is logged as one warning
+    and the jar broker starts instead, unless ``$DPSTREAM_REQUIRE_CONTAINERS`` is set.
 
     Yields:
         ``host:port[,...]`` for ``bootstrap.servers``.
@@ -727,9 +830,12 @@ def kafka_broker() -> Iterator[str]:
         logger.info("using Kafka at %s from %s", configured, BOOTSTRAP_ENV)
         yield configured
         return
-    if docker_available():
-        with _kafka_container() as bootstrap:
-            yield bootstrap
+    container = _try_container()
+    if container is not None:
+        try:
+            yield container.bootstrap
+        finally:
+            container.stop()
         return
     kafka = LocalKafka.start()
     try:

@@ -19,11 +19,10 @@ from dpstream.pipeline.worker_support import spawn_worker, stop_worker
 
 
 @pytest.fixture(scope="session")
-def bootstrap() -> Iterator[str]:
-    from dpstream.pipeline.broker import kafka_broker
-
-    with kafka_broker() as servers:
-        yield servers
+def bootstrap(kafka_broker: str) -> str:
+    """The session's broker: the ``kafka_broker`` fixture of dpstream's pytest plugin
+    (``dpstream.testing``), the one users get."""
+    return kafka_broker
 
 
 @dataclass
