@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"operators": "dpstream.operators", "pipeline": "dpstream.pipeline",
-            "config": "dpstream.config"}  # fmt: skip
+            "config": "dpstream.config", "testing": "dpstream.testing"}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:
@@ -105,6 +105,8 @@ def test_imports_go_one_way():
             assert all(t.startswith("dpstream.operators") for t in targets), (name, targets)
         if name.startswith("dpstream.config"):
             assert not any(t.startswith("dpstream.pipeline") for t in targets), (name, targets)
+        if not name.startswith("dpstream.testing"):  # the pytest plugin: for users' tests
+            assert not any(t.startswith("dpstream.testing") for t in targets), (name, targets)
 
 
 def test_the_baselines_stay_out_of_the_production_import_path():
