@@ -36,7 +36,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operators pipeline config testing tests
+	$(VENV)/bin/ruff check operators pipeline config deploy testing tests
 
 # The broker and worker images from the project's own files (debootstrap: root needed once).
 images: $(STAMP) broker-jars

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     args.workdir.mkdir(parents=True, exist_ok=True)
-    from dpstream.pipeline.broker import kafka_broker
+    from dpstream.deploy.broker import kafka_broker
 
     env = {KEY_ENV: secrets.token_hex(32)}
     os.environ.update(env)  # the replay here uses the workers' key

@@ -23,7 +23,7 @@ kept across runs with other labels, e.g. "before" and "after").
     .venv/bin/python -m bench.throughput --render RUN.json [OUT.md]  # re-render a --json run
 
 The broker is ``KAFKA_BOOTSTRAP_SERVERS`` if set, else one started for the run
-(``pipeline/broker.py``). Definitions are in the document this writes ("How it is
+(``deploy/broker.py``). Definitions are in the document this writes ("How it is
 measured"); this is a benchmark: nothing in the test suite asserts on its timings.
 """
 
@@ -1400,7 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--render"]:
         return render(Path(argv[1]), Path(argv[2]) if len(argv) > 2 else None)
     args = parse_args(argv)
-    from dpstream.pipeline.broker import BOOTSTRAP_ENV, KAFKA_VERSION, kafka_broker
+    from dpstream.deploy.broker import BOOTSTRAP_ENV, KAFKA_VERSION, kafka_broker
 
     started = time.monotonic()
     WORKER["loglevel"] = args.worker_loglevel

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 DOCKER=${DOCKER:-docker}
 SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-KAFKA_VERSION=$(sed -n 's/^KAFKA_VERSION = "\(.*\)"$/\1/p' pipeline/broker.py)
+KAFKA_VERSION=$(sed -n 's/^KAFKA_VERSION = "\(.*\)"$/\1/p' deploy/broker.py)
 JRE_BASE=dpstream/debian-jre:$SUITE
 PYTHON_BASE=dpstream/debian-python:$SUITE
 WORKER_BASE_IMAGE=${WORKER_BASE_IMAGE:-$PYTHON_BASE}

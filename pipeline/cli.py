@@ -24,7 +24,7 @@ def resolve_bootstrap(arg: str | None) -> str:
         return arg
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    from .broker import status_detached
+    from dpstream.deploy.broker import status_detached
 
     status = status_detached()
     if status and status.get("alive"):
@@ -36,7 +36,7 @@ def resolve_bootstrap(arg: str | None) -> str:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from . import broker
+    from dpstream.deploy import broker
 
     if args.action == "fetch":
         print(broker.fetch_jars())

@@ -18,8 +18,8 @@ import orjson
 import yaml
 
 from dpstream.config.schema import PipelineConfig, parse_config
+from dpstream.deploy.broker import kafka_broker
 
-from .broker import kafka_broker
 from .clients import export_log, make_producer, produce_events, read_releases
 from .replay import replay
 from .synthetic import synthetic_events

@@ -6,7 +6,7 @@ module needs no import to use its fixtures:
 * ``kafka_broker`` (session): the bootstrap string of a real Kafka broker --
   ``$KAFKA_BOOTSTRAP_SERVERS`` if set, else a container where a Docker engine answers and
   the image (``$DPSTREAM_KAFKA_IMAGE``, default apache/kafka) can start, else a single-node
-  broker from Kafka's own jars (see :func:`dpstream.pipeline.broker.kafka_broker`).
+  broker from Kafka's own jars (see :func:`dpstream.deploy.broker.kafka_broker`).
 * ``dpstream_pipeline``: a factory ``dpstream_pipeline(config, env=None) -> Pipeline`` that
   starts a ``dpstream worker`` on the config (a dict as in YAML, or a path), with its own app
   id and topics, and gives a producer and a reader of releases. Give the config

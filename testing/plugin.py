@@ -22,7 +22,7 @@ def kafka_broker() -> Iterator[str]:
     ``$KAFKA_BOOTSTRAP_SERVERS`` if set; else a container of ``$DPSTREAM_KAFKA_IMAGE``
     (default apache/kafka) where Docker answers and it starts; else Kafka's own jars.
     """
-    from dpstream.pipeline.broker import kafka_broker as choose_broker
+    from dpstream.deploy.broker import kafka_broker as choose_broker
 
     with choose_broker() as servers:
         yield servers

@@ -1,4 +1,4 @@
-"""Shared fixtures. Integration tests get one real broker per session (see pipeline/broker.py:
+"""Shared fixtures. Integration tests get one real broker per session (see deploy/broker.py:
 KAFKA_BOOTSTRAP_SERVERS, else testcontainers when Docker answers, else Kafka's own jars)."""
 
 from __future__ import annotations

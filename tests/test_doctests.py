@@ -12,7 +12,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("dpstream.operators", "dpstream.config", "dpstream.pipeline")
+PACKAGES = ("dpstream.operators", "dpstream.config", "dpstream.pipeline", "dpstream.deploy")
 
 
 def module_names() -> list[str]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"operators": "dpstream.operators", "pipeline": "dpstream.pipeline",
-            "config": "dpstream.config", "testing": "dpstream.testing"}  # fmt: skip
+            "config": "dpstream.config", "deploy": "dpstream.deploy",
+            "testing": "dpstream.testing"}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:
@@ -103,7 +104,7 @@ def test_imports_go_one_way():
     for name, targets in graph().items():
         if name.startswith("dpstream.operators"):
             assert all(t.startswith("dpstream.operators") for t in targets), (name, targets)
-        if name.startswith("dpstream.config"):
+        if name.startswith(("dpstream.config", "dpstream.deploy")):
             assert not any(t.startswith("dpstream.pipeline") for t in targets), (name, targets)
         if not name.startswith("dpstream.testing"):  # the pytest plugin: for users' tests
             assert not any(t.startswith("dpstream.testing") for t in targets), (name, targets)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.pipeline import broker
-from dpstream.pipeline.broker import (
+from dpstream.deploy import broker
+from dpstream.deploy.broker import (
     KAFKA_VERSION,
     REPO_ROOT,
     LocalKafka,
@@ -230,7 +230,7 @@ def test_detached_broker_lifecycle(monkeypatch, tmp_path):
     # Start it from another process, as `dpstream broker start` would: that process must
     # exit promptly (the JVM must not hold its stdout) and the broker must outlive it.
     code = (
-        "import json; from dpstream.pipeline.broker import start_detached; "
+        "import json; from dpstream.deploy.broker import start_detached; "
         "print(json.dumps(start_detached()))"
     )
     result = subprocess.run(

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from dpstream.config.schema import load_config
-from dpstream.pipeline.broker import (
+from dpstream.deploy.broker import (
     REPO_ROOT,
     _free_ports,
     containers_required,

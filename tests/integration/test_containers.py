@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dpstream.pipeline import broker
-from dpstream.pipeline.broker import (
+from dpstream.deploy import broker
+from dpstream.deploy.broker import (
     KafkaContainer,
     LocalKafka,
     containers_required,

@@ -42,7 +42,7 @@ import yaml
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from dpstream.config.schema import PipelineConfig, parse_config
-from dpstream.pipeline.broker import LocalKafka
+from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.records import partition_for
 from dpstream.pipeline.synthetic import synthetic_events

@@ -305,7 +305,7 @@ def _server_properties(port: int, controller_port: int, log_dir: Path) -> str:
         "log.dirs": str(log_dir),
         **BROKER_DEFAULTS,
     }
-    lines = ["# written by dpstream.pipeline.broker.LocalKafka"]
+    lines = ["# written by dpstream.deploy.broker.LocalKafka"]
     lines += [f"{key}={value}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
 
