@@ -115,3 +115,19 @@ def test_the_baselines_stay_out_of_the_production_import_path():
     for name, targets in graph().items():
         if not name.startswith("dpstream.operators.baselines"):
             assert not any(t.startswith("dpstream.operators.baselines") for t in targets), name
+
+
+# The container tests re-run three scenarios of other modules against a broker started
+# through testcontainers; the scenarios are still test functions there (issue 15, item 7).
+REUSES_TESTS = {"tests/integration/test_containers.py"}
+
+
+def test_no_test_module_imports_another():
+    # Shared helpers live in plain modules (tests/integration/support.py) and fixtures in
+    # conftest plugins.
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if str(path.relative_to(ROOT)) in REUSES_TESTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.split(".")[-1].startswith("test_"), (path, node.module)

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from dpstream.deploy.broker import (
     status_detached,
     stop_detached,
 )
+from tests.integration.support import round_trip
 
 QUIET = {"log_level": 0}
 
@@ -47,53 +47,6 @@ def _process_gone(pid: int) -> bool:
     except OSError:
         return True
     return state == "Z"
-
-
-def _round_trip(bootstrap: str, n: int = 100) -> None:
-    from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    topic = f"dpstream-broker-test-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
-    new_topic = NewTopic(topic, num_partitions=1, replication_factor=1)
-    for future in admin.create_topics([new_topic]).values():
-        future.result(timeout=30)
-
-    errors: list[object] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **QUIET})
-    for i in range(n):
-        producer.produce(
-            topic,
-            key=f"user-{i % 7}".encode(),
-            value=str(i).encode(),
-            on_delivery=lambda err, _msg: errors.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0
-    assert errors == []
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            **QUIET,
-        }
-    )
-    received: list[bytes] = []
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 60
-        while len(received) < n and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            received.append(msg.value())
-        consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    assert received == [str(i).encode() for i in range(n)]
 
 
 # --------------------------------------------------------------------------- fast
@@ -210,7 +163,7 @@ def test_kafka_broker_round_trip_and_clean_stop(monkeypatch):
     with kafka_broker() as bootstrap:
         if started:
             assert started[0].is_alive()
-        _round_trip(bootstrap)
+        round_trip(bootstrap)
 
     assert _port_closed(bootstrap)
     if started:  # the local-jar broker (no Docker engine here)

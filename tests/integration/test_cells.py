@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.test_pipeline import (
+from tests.integration.support import (
     assert_equal_to_replay,
     collected,
     produce_rounds,

@@ -36,9 +36,7 @@ from dpstream.deploy.broker import (
 from dpstream.pipeline.clients import make_producer, produce_events
 from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.pipeline.topics import ensure_topics
-from tests.integration.test_containers import require_docker
-from tests.integration.test_faults import FAST_REJOIN, deduplicated
-from tests.integration.test_pipeline import TopicReader
+from tests.integration.support import FAST_REJOIN, TopicReader, deduplicated, require_docker
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 

@@ -19,11 +19,10 @@ from dpstream.deploy.broker import (
     KafkaContainer,
     LocalKafka,
     containers_required,
-    docker_available,
     kafka_broker,
     kafka_image,
 )
-from tests.integration.test_broker import _round_trip
+from tests.integration.support import require_docker, round_trip
 from tests.integration.test_faults import (
     test_worker_sigkill_restarts_zero_noise_releases_equal_truncated_counts as _sigkill_zero,
 )
@@ -33,15 +32,6 @@ from tests.integration.test_pipeline import (
 from tests.integration.test_plugin import test_zero_noise_count_of_clicks as _plugin_example
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
-
-
-def require_docker() -> None:
-    """Skip without an engine, unless containers are required (CI): then fail."""
-    if docker_available():
-        return
-    if containers_required():
-        pytest.fail(f"{broker.REQUIRE_CONTAINERS_ENV} is set but no Docker engine answers")
-    pytest.skip("no Docker engine answers (CI runs these with one)")
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +63,7 @@ def bootstrap(container_broker: KafkaContainer) -> str:
 
 def test_container_round_trip(container_broker):
     assert container_broker.image == kafka_image()
-    _round_trip(container_broker.bootstrap)
+    round_trip(container_broker.bootstrap)
 
 
 def test_container_is_what_the_chooser_picks_where_docker_answers(monkeypatch):
@@ -85,7 +75,7 @@ def test_container_is_what_the_chooser_picks_where_docker_answers(monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setattr(LocalKafka, "start", classmethod(forbidden))
     with kafka_broker() as bootstrap:
-        _round_trip(bootstrap, n=10)
+        round_trip(bootstrap, n=10)
 
 
 def test_container_image_not_pullable_falls_back_to_the_jar_broker(monkeypatch, caplog):
@@ -95,7 +85,7 @@ def test_container_image_not_pullable_falls_back_to_the_jar_broker(monkeypatch, 
     monkeypatch.setenv("DPSTREAM_KAFKA_IMAGE", "registry.invalid/dpstream/no-such-kafka:0")
     monkeypatch.delenv(broker.REQUIRE_CONTAINERS_ENV, raising=False)
     with caplog.at_level(logging.WARNING, logger=broker.__name__), kafka_broker() as bootstrap:
-        _round_trip(bootstrap, n=10)
+        round_trip(bootstrap, n=10)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1, warned
     assert "no-such-kafka" in warned[0] and "jar broker" in warned[0]

@@ -49,9 +49,11 @@ from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.pipeline.topics import changelog_topics
 from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
 from tests.conftest import WorkerProcess, unique_names, wait_until, worker_pool
-from tests.integration.test_pipeline import (
+from tests.integration.support import (
+    FAST_REJOIN,
     TICK,
     TopicReader,
+    deduplicated,
     pipeline_config,
     readers,
     truncated_counts,
@@ -67,11 +69,6 @@ MAX_ROUNDS = 400
 KEY_ENV = "DPSTREAM_TEST_KEY"
 # Test-only Faust settings, read from the environment: a SIGKILLed member holds its
 # partitions until its session times out (Faust's default: 60 s per restart).
-FAST_REJOIN = {
-    "BROKER_SESSION_TIMEOUT": "6",
-    "BROKER_HEARTBEAT_INTERVAL": "1",
-    "BROKER_REBALANCE_TIMEOUT": "10",
-}
 RESTART_TIMEOUT = 60.0  # a restart takes 6-15 s (session timeout, rejoin, table recovery)
 CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
 RECOVERING = "Restoring state from changelog topics"  # Faust's recovery, logged at INFO
@@ -419,23 +416,6 @@ def exported(bootstrap: str, worker: WorkerProcess, env: dict[str, str], directo
         for line in proc.stdout.splitlines():
             replayed[orjson.loads(line)["statistic"]].append(line)
         out["replayed"] = replayed
-    return out
-
-
-def deduplicated(name: str, raw: list[bytes]) -> list[bytes]:
-    """One release per tick in first-seen order; a re-sent copy must be byte-identical,
-    and the ticks must be consecutive (none lost) with steps 1, 2, 3, ..."""
-    first: dict[int, bytes] = {}
-    for record in raw:
-        tick = orjson.loads(record)["tick"]
-        assert first.setdefault(tick, record) == record, (
-            f"{name}: tick {tick} released twice with different contents:\n"
-            f"{first[tick]!r}\n{record!r}"
-        )
-    out = list(first.values())
-    ticks = [orjson.loads(r)["tick"] for r in out]
-    assert ticks == list(range(ticks[0], ticks[0] + len(ticks))), f"{name}: {ticks}"
-    assert [orjson.loads(r)["step"] for r in out] == list(range(1, len(out) + 1)), name
     return out
 
 

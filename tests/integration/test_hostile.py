@@ -45,7 +45,7 @@ from dpstream.pipeline.records import HEADER, TICK, decode_tick, header_kind, pa
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.worker_support import load_noise
 from tests.conftest import wait_until, worker_pool
-from tests.integration.test_pipeline import readers, wait_for_first_release
+from tests.integration.support import readers, wait_for_first_release
 
 pytestmark = pytest.mark.integration
 

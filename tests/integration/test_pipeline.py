@@ -14,144 +14,32 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 
 import numpy as np
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.records import partition_for
-from dpstream.pipeline.replay import replay
 from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.worker_support import load_noise
-from tests.conftest import WorkerProcess, wait_until, worker_pool
+from tests.conftest import WorkerProcess, worker_pool
+from tests.integration.support import (
+    PARTITIONS,
+    TICK,
+    TopicReader,
+    pipeline_config,
+    readers,
+    truncated_counts,
+    wait_for_first_release,
+    wait_for_tick,
+)
 
 pytestmark = pytest.mark.integration
 
-TICK = 0.5
 USERS = 50
 ROUNDS = 24  # one round per tick: 12 s of traffic
-PARTITIONS = 4
 MISROUTED = "misrouted: user_id does not hash to this partition"
-
-
-def pipeline_config(noise: dict) -> dict:
-    return {
-        "input": {"partitions": PARTITIONS, "max_record_bytes": 4096},
-        "ticks": {"interval_seconds": TICK},
-        "noise": noise,
-        "privacy": {"total_epsilon": 10.0},
-        # Every tree mechanism runs in the same pipeline, over the same events.
-        "statistics": [
-            {"name": "views", "epsilon": 1.0, "tau": 5, "key": "view"},
-            {
-                "name": "clicks",
-                "epsilon": 1.0,
-                "tau": 2,
-                "key": "click",
-                "mechanism": "kary_subtract",
-                "k": 3,
-            },
-            {
-                "name": "views4",
-                "epsilon": 1.0,
-                "tau": 3,
-                "key": "view",
-                "mechanism": "kary",
-                "k": 4,
-            },
-            {
-                "name": "clicks_exp",
-                "epsilon": 0.1,
-                "tau": 2,
-                "key": "click",
-                "mechanism": "expiring",
-                "lambda": 1,
-                "horizon_ticks": 100_000,  # its budget lasts beyond any run here
-            },
-        ],
-    }
-
-
-class TopicReader:
-    """Reads a single-partition topic from its start, keeping every record in order."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.records: list[bytes] = []
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": "t-reader",
-                "enable.auto.commit": False,
-                "log_level": 0,
-            }
-        )
-        self._consumer.assign([TopicPartition(topic, 0, 0)])
-
-    def drain(self) -> list[dict]:
-        while (msg := self._consumer.poll(0.2)) is not None:
-            if not msg.error():
-                self.records.append(msg.value())
-        return [orjson.loads(r) for r in self.records]
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-def readers(bootstrap: str, worker: WorkerProcess) -> dict[str, TopicReader]:
-    cfg = worker.cfg
-    out = {s.name: TopicReader(bootstrap, cfg.release_topic(s.name)) for s in cfg.statistics}
-    out["_dead"] = TopicReader(bootstrap, cfg.outputs.dead_letter_topic)
-    out["_ledger"] = TopicReader(bootstrap, cfg.outputs.ledger_topic)
-    return out
-
-
-def wait_for_first_release(worker: WorkerProcess, reader: TopicReader) -> None:
-    wait_until(lambda: reader.drain() != [], 90, "the worker's first release", worker)
-
-
-def wait_for_tick(worker: WorkerProcess, rd: dict[str, TopicReader], tick: int) -> None:
-    def done() -> bool:
-        return all(
-            (rel := rd[s.name].drain()) and rel[-1]["tick"] >= tick for s in worker.cfg.statistics
-        )
-
-    wait_until(done, 60, f"releases up to tick {tick}", worker)
-
-
-def replayed_releases(cfg, bootstrap: str) -> dict[str, list[bytes]]:
-    """``dpstream replay`` of the exported input log (the worker's key must be in the
-    environment), per statistic, as the worker serializes releases."""
-    out: dict[str, list[bytes]] = defaultdict(list)
-    for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):
-        out[release["statistic"]].append(orjson.dumps(release))
-    return out
-
-
-def produce_rounds(bootstrap: str, cfg, rounds: Iterable[list[dict]], batch: int, pause: float):
-    """Each round's events through dpstream's producer, then a pause (about a tick)."""
-    producer = make_producer(bootstrap)
-    for events in rounds:
-        produce_events(producer, cfg, events, batch=batch)
-        assert producer.flush(10) == 0
-        time.sleep(pause)
-
-
-def collected(rd: dict[str, TopicReader], cfg) -> tuple[dict[str, list[bytes]], list, list]:
-    """(releases per statistic as read so far, ledger entries, dead letters)."""
-    releases = {s.name: rd[s.name].records[:] for s in cfg.statistics}
-    return releases, rd["_ledger"].drain(), rd["_dead"].drain()
-
-
-def assert_equal_to_replay(cfg, bootstrap: str, pipeline: dict[str, list[bytes]], least: int = 0):
-    """Every statistic released at least ``least`` records, byte for byte a prefix of
-    ``replayed_releases`` (the worker's key must be in the environment)."""
-    replayed = replayed_releases(cfg, bootstrap)
-    for name, released in pipeline.items():
-        assert len(released) >= least, name
-        assert replayed[name][: len(released)] == released, name  # byte for byte
 
 
 def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:
@@ -205,25 +93,6 @@ def drive(
     last = math.floor(time.time() / TICK)
     wait_for_tick(worker, rd, last + 1)
     return good
-
-
-def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:
-    """The exact truncated running counts of the fixed-tau statistics, computed here from
-    scratch (not with Stage1)."""
-    used: dict[tuple[str, str], int] = defaultdict(int)
-    total = dict.fromkeys((s.name for s in cfg.statistics), 0)
-    out: dict[str, dict[int, int]] = defaultdict(dict)
-    for line in log:
-        obj = orjson.loads(line)
-        if "user_id" not in obj:
-            for s in cfg.statistics:
-                out[s.name][obj["tick"]] = total[s.name]
-            continue
-        for s in cfg.statistics:
-            if not s.user_level and (s.key is None or obj.get("key") == s.key):
-                used[s.name, obj["user_id"]] += 1
-                total[s.name] += used[s.name, obj["user_id"]] <= s.tau
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from dpstream.pipeline.clients import make_producer, produce_events
 from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.pipeline.worker_support import spawn_worker, stop_worker
 from tests.conftest import WorkerProcess, unique_names, wait_until
-from tests.integration.test_pipeline import (
+from tests.integration.support import (
     TICK,
     pipeline_config,
     readers,

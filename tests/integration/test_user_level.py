@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.integration.test_pipeline import (
+from tests.integration.support import (
     assert_equal_to_replay,
     collected,
     produce_rounds,

@@ -17,8 +17,7 @@ from dpstream.operators import state_codec
 from dpstream.operators import user_level as ul
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, chernoff_interval
-
-from .test_svt import MemoNoise, binomial_upper
+from tests.operators.support import MemoNoise, binomial_upper
 
 KEY = bytes(range(32))
 

@@ -25,8 +25,7 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
-
-from .test_expiring_tree import log_likelihood_ratio, run, sum_kurtosis, tail_outputs, values
+from tests.operators.support import log_likelihood_ratio, run, sum_kurtosis, tail_outputs, values
 
 KEY = bytes(range(32))
 

@@ -20,38 +20,10 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
+from tests.operators.support import MemoNoise, binomial_upper
 
 # ---------------------------------------------------------------------------------------
 # Test helpers (also used by test_user_level)
-
-
-class MemoNoise:
-    """Fast test source with the keyed semantics of production: the first draw of a
-    (node, scale) is remembered and every later request for it returns the same value (a
-    lazily sampled random oracle, like KeyedNoise). Draws are G1 - G2 with G geometric of
-    success 1 - exp(-1/b) (numpy, float p): P(Z = z) proportional to exp(-|z|/b) up to the
-    float rounding of p. Test use only; ~10x faster than the exact sampler."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-        self._memo: dict[tuple[NodeId, int, int], int] = {}
-        self._pool: dict[tuple[int, int], list] = {}
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        memo_key = (node, scale.numerator, scale.denominator)
-        value = self._memo.get(memo_key)
-        if value is None:
-            key = memo_key[1:]
-            buf = self._pool.get(key)
-            if buf is None or buf[1] >= len(buf[0]):
-                p = -math.expm1(-1 / float(scale))
-                draws = self._rng.geometric(p, 4096) - self._rng.geometric(p, 4096)
-                buf = [draws.tolist(), 0]
-                self._pool[key] = buf
-            value = buf[0][buf[1]]
-            buf[1] += 1
-            self._memo[memo_key] = value
-        return value
 
 
 class ScriptedNoise:
@@ -64,30 +36,6 @@ class ScriptedNoise:
     def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
         kind = "eta" if node[-1] == "eta" else "q"
         return self.values.get((node[2], kind), 0)
-
-
-def binomial_upper(n: int, p: float, alpha: float = 1e-6) -> int:
-    """The smallest k with P(Bin(n, p) > k) <= alpha (exact sum of the pmf in log space).
-
-    A count of "misses" with miss probability <= p exceeds it with probability <= alpha,
-    so asserting ``misses <= binomial_upper(n, p)`` fails a correct mechanism with
-    probability <= alpha (and never, given the fixed seed, once it passes).
-    """
-    if p <= 0:
-        return 0
-    cumulative = 0.0
-    for k in range(n + 1):
-        log_pmf = (
-            math.lgamma(n + 1)
-            - math.lgamma(k + 1)
-            - math.lgamma(n - k + 1)
-            + k * math.log(p)
-            + (n - k) * math.log1p(-p)
-        )
-        cumulative += math.exp(log_pmf)
-        if 1 - cumulative <= alpha:
-            return k
-    return n
 
 
 def dlap_tail(x: int, scale: Fraction) -> float:

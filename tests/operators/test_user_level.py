@@ -25,8 +25,7 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
-
-from .test_svt import MemoNoise, binomial_upper
+from tests.operators.support import MemoNoise, binomial_upper
 
 KEY = bytes(range(32))
 

@@ -1,0 +1,242 @@
+"""Helpers the integration tests share: the standard pipeline, topic readers, waiting for
+ticks, producing rounds, the replay comparison, the truncated counts computed from scratch.
+A plain module, so that no test module imports another."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from dpstream.deploy import broker
+from dpstream.deploy.broker import containers_required, docker_available
+from dpstream.pipeline.clients import export_log, make_producer, produce_events
+from dpstream.pipeline.replay import replay
+from dpstream.pipeline.worker_support import load_noise
+from tests.conftest import WorkerProcess, wait_until
+
+TICK = 0.5
+PARTITIONS = 4
+
+
+def pipeline_config(noise: dict) -> dict:
+    return {
+        "input": {"partitions": PARTITIONS, "max_record_bytes": 4096},
+        "ticks": {"interval_seconds": TICK},
+        "noise": noise,
+        "privacy": {"total_epsilon": 10.0},
+        # Every tree mechanism runs in the same pipeline, over the same events.
+        "statistics": [
+            {"name": "views", "epsilon": 1.0, "tau": 5, "key": "view"},
+            {
+                "name": "clicks",
+                "epsilon": 1.0,
+                "tau": 2,
+                "key": "click",
+                "mechanism": "kary_subtract",
+                "k": 3,
+            },
+            {
+                "name": "views4",
+                "epsilon": 1.0,
+                "tau": 3,
+                "key": "view",
+                "mechanism": "kary",
+                "k": 4,
+            },
+            {
+                "name": "clicks_exp",
+                "epsilon": 0.1,
+                "tau": 2,
+                "key": "click",
+                "mechanism": "expiring",
+                "lambda": 1,
+                "horizon_ticks": 100_000,  # its budget lasts beyond any run here
+            },
+        ],
+    }
+
+
+class TopicReader:
+    """Reads a single-partition topic from its start, keeping every record in order."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.records: list[bytes] = []
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "t-reader",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
+        self._consumer.assign([TopicPartition(topic, 0, 0)])
+
+    def drain(self) -> list[dict]:
+        while (msg := self._consumer.poll(0.2)) is not None:
+            if not msg.error():
+                self.records.append(msg.value())
+        return [orjson.loads(r) for r in self.records]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def readers(bootstrap: str, worker: WorkerProcess) -> dict[str, TopicReader]:
+    cfg = worker.cfg
+    out = {s.name: TopicReader(bootstrap, cfg.release_topic(s.name)) for s in cfg.statistics}
+    out["_dead"] = TopicReader(bootstrap, cfg.outputs.dead_letter_topic)
+    out["_ledger"] = TopicReader(bootstrap, cfg.outputs.ledger_topic)
+    return out
+
+
+def wait_for_first_release(worker: WorkerProcess, reader: TopicReader) -> None:
+    wait_until(lambda: reader.drain() != [], 90, "the worker's first release", worker)
+
+
+def wait_for_tick(worker: WorkerProcess, rd: dict[str, TopicReader], tick: int) -> None:
+    def done() -> bool:
+        return all(
+            (rel := rd[s.name].drain()) and rel[-1]["tick"] >= tick for s in worker.cfg.statistics
+        )
+
+    wait_until(done, 60, f"releases up to tick {tick}", worker)
+
+
+def replayed_releases(cfg, bootstrap: str) -> dict[str, list[bytes]]:
+    """``dpstream replay`` of the exported input log (the worker's key must be in the
+    environment), per statistic, as the worker serializes releases."""
+    out: dict[str, list[bytes]] = defaultdict(list)
+    for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):
+        out[release["statistic"]].append(orjson.dumps(release))
+    return out
+
+
+def produce_rounds(bootstrap: str, cfg, rounds: Iterable[list[dict]], batch: int, pause: float):
+    """Each round's events through dpstream's producer, then a pause (about a tick)."""
+    producer = make_producer(bootstrap)
+    for events in rounds:
+        produce_events(producer, cfg, events, batch=batch)
+        assert producer.flush(10) == 0
+        time.sleep(pause)
+
+
+def collected(rd: dict[str, TopicReader], cfg) -> tuple[dict[str, list[bytes]], list, list]:
+    """(releases per statistic as read so far, ledger entries, dead letters)."""
+    releases = {s.name: rd[s.name].records[:] for s in cfg.statistics}
+    return releases, rd["_ledger"].drain(), rd["_dead"].drain()
+
+
+def assert_equal_to_replay(cfg, bootstrap: str, pipeline: dict[str, list[bytes]], least: int = 0):
+    """Every statistic released at least ``least`` records, byte for byte a prefix of
+    ``replayed_releases`` (the worker's key must be in the environment)."""
+    replayed = replayed_releases(cfg, bootstrap)
+    for name, released in pipeline.items():
+        assert len(released) >= least, name
+        assert replayed[name][: len(released)] == released, name  # byte for byte
+
+
+def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:
+    """The exact truncated running counts of the fixed-tau statistics, computed here from
+    scratch (not with Stage1)."""
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    total = dict.fromkeys((s.name for s in cfg.statistics), 0)
+    out: dict[str, dict[int, int]] = defaultdict(dict)
+    for line in log:
+        obj = orjson.loads(line)
+        if "user_id" not in obj:
+            for s in cfg.statistics:
+                out[s.name][obj["tick"]] = total[s.name]
+            continue
+        for s in cfg.statistics:
+            if not s.user_level and (s.key is None or obj.get("key") == s.key):
+                used[s.name, obj["user_id"]] += 1
+                total[s.name] += used[s.name, obj["user_id"]] <= s.tau
+    return out
+
+
+# Restarts and rebalances in seconds (Faust's settings from the environment).
+FAST_REJOIN = {
+    "BROKER_SESSION_TIMEOUT": "6",
+    "BROKER_HEARTBEAT_INTERVAL": "1",
+    "BROKER_REBALANCE_TIMEOUT": "10",
+}
+
+
+def deduplicated(name: str, raw: list[bytes]) -> list[bytes]:
+    """One release per tick in first-seen order; a re-sent copy must be byte-identical,
+    and the ticks must be consecutive (none lost) with steps 1, 2, 3, ..."""
+    first: dict[int, bytes] = {}
+    for record in raw:
+        tick = orjson.loads(record)["tick"]
+        assert first.setdefault(tick, record) == record, (
+            f"{name}: tick {tick} released twice with different contents:\n"
+            f"{first[tick]!r}\n{record!r}"
+        )
+    out = list(first.values())
+    ticks = [orjson.loads(r)["tick"] for r in out]
+    assert ticks == list(range(ticks[0], ticks[0] + len(ticks))), f"{name}: {ticks}"
+    assert [orjson.loads(r)["step"] for r in out] == list(range(1, len(out) + 1)), name
+    return out
+
+
+def round_trip(bootstrap: str, n: int = 100) -> None:
+    """``n`` records through a new topic of the broker at ``bootstrap``, read back in order."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"dpstream-broker-test-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    new_topic = NewTopic(topic, num_partitions=1, replication_factor=1)
+    for future in admin.create_topics([new_topic]).values():
+        future.result(timeout=30)
+
+    errors: list[object] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+    for i in range(n):
+        producer.produce(
+            topic,
+            key=f"user-{i % 7}".encode(),
+            value=str(i).encode(),
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0
+    assert errors == []
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    received: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(received) < n and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            received.append(msg.value())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    assert received == [str(i).encode() for i in range(n)]
+
+
+def require_docker() -> None:
+    """Skip without an engine, unless containers are required (CI): then fail."""
+    if docker_available():
+        return
+    if containers_required():
+        pytest.fail(f"{broker.REQUIRE_CONTAINERS_ENV} is set but no Docker engine answers")
+    pytest.skip("no Docker engine answers (CI runs these with one)")

@@ -1,0 +1,204 @@
+"""Helpers the operator tests share: a fast memoizing noise double, an exact binomial tail
+bound, and the exact output likelihood of tree counters (the privacy sanity checks of the
+expiring and round-restart counters). A plain module, so that no test module imports another."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from types import ModuleType
+
+import numpy as np
+
+from dpstream.operators.noise import NodeId, ZeroNoise
+from dpstream.operators.release import Term
+
+
+class MemoNoise:
+    """Fast test source with the keyed semantics of production: the first draw of a
+    (node, scale) is remembered and every later request for it returns the same value (a
+    lazily sampled random oracle, like KeyedNoise). Draws are G1 - G2 with G geometric of
+    success 1 - exp(-1/b) (numpy, float p): P(Z = z) proportional to exp(-|z|/b) up to the
+    float rounding of p. Test use only; ~10x faster than the exact sampler."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._memo: dict[tuple[NodeId, int, int], int] = {}
+        self._pool: dict[tuple[int, int], list] = {}
+
+    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
+        memo_key = (node, scale.numerator, scale.denominator)
+        value = self._memo.get(memo_key)
+        if value is None:
+            key = memo_key[1:]
+            buf = self._pool.get(key)
+            if buf is None or buf[1] >= len(buf[0]):
+                p = -math.expm1(-1 / float(scale))
+                draws = self._rng.geometric(p, 4096) - self._rng.geometric(p, 4096)
+                buf = [draws.tolist(), 0]
+                self._pool[key] = buf
+            value = buf[0][buf[1]]
+            buf[1] += 1
+            self._memo[memo_key] = value
+        return value
+
+
+def binomial_upper(n: int, p: float, alpha: float = 1e-6) -> int:
+    """The smallest k with P(Bin(n, p) > k) <= alpha (exact sum of the pmf in log space).
+
+    A count of "misses" with miss probability <= p exceeds it with probability <= alpha,
+    so asserting ``misses <= binomial_upper(n, p)`` fails a correct mechanism with
+    probability <= alpha (and never, given the fixed seed, once it passes).
+    """
+    if p <= 0:
+        return 0
+    cumulative = 0.0
+    for k in range(n + 1):
+        log_pmf = (
+            math.lgamma(n + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(n - k + 1)
+            + k * math.log(p)
+            + (n - k) * math.log1p(-p)
+        )
+        cumulative += math.exp(log_pmf)
+        if 1 - cumulative <= alpha:
+            return k
+    return n
+
+
+def run(module: ModuleType, spec, weights: Sequence[int], noise) -> tuple[object, list]:
+    state, releases = module.init(spec), []
+    for w in weights:
+        state, rel = module.step(spec, state, w, noise)
+        releases.append(rel)
+    return state, releases
+
+
+def values(module: ModuleType, spec, weights: Sequence[int], noise) -> list[int]:
+    return [r.value for r in run(module, spec, weights, noise)[1]]
+
+
+def discrete_laplace_log_pmf(scale: Fraction, support: np.ndarray) -> np.ndarray:
+    """ln P(Z = z) of discrete Laplace: ln((1 - p) / (1 + p)) - |z| / b, p = exp(-1/b)."""
+    inv = 1 / float(scale)
+    return math.log(-math.expm1(-inv)) - math.log1p(math.exp(-inv)) - np.abs(support) * inv
+
+
+def discrete_laplace_pmf(scale: Fraction, support: np.ndarray) -> np.ndarray:
+    return np.exp(discrete_laplace_log_pmf(scale, support))
+
+
+def _log_convolve(log_h: np.ndarray, grid: np.ndarray, scale: Fraction) -> np.ndarray:
+    """ln sum_y pmf(s - y) h(y) for every s on the grid, from ln h, in O(grid) time.
+
+    pmf(s - y) = c exp(-|s - y| / b) splits into y <= s and y > s parts, each a running
+    log-sum-exp of ln h(y) +- y / b. Log space because lower-tail outputs put h where
+    small scales' pmfs underflow any float.
+    """
+    inv = 1 / float(scale)
+    log_c = math.log(-math.expm1(-inv)) - math.log1p(math.exp(-inv))
+    up = grid * inv
+    left = np.logaddexp.accumulate(log_h + up)  # y <= s
+    right = np.append(np.logaddexp.accumulate((log_h - up)[::-1])[::-1][1:], -np.inf)  # y > s
+    return log_c + np.logaddexp(left - up, right + up)
+
+
+def log_likelihood(observed: Sequence[int], terms_per_step: Sequence[Sequence[Term]]) -> float:
+    """ln P(sum of the noises of step t == observed[t-1] for every t), exactly.
+
+    Each release's noise is a sum of independent discrete Laplace node noises, and the
+    sets of steps that use a node form a laminar family (dyadic intervals; binary
+    mechanism nodes inside a round plus the round's past-total node). So the noise is a
+    sum along a root-to-node path of a forest, and the probability of the observed sums
+    is an exact sum-product over that forest, one convolution per node (in log space).
+    Path sums are kept on the grid [-R, R] with R = max |observed| + 80 * max scale + 10:
+    the mass dropped by the truncation is below e^-80 relative, far under the 1e-9
+    tolerance of the checks.
+    The outputs do NOT determine the node noises (a tree step has more nodes than
+    outputs), which is why the latent nodes are summed out rather than read off.
+    """
+    steps_of: dict[NodeId, set[int]] = {}
+    scale_of: dict[NodeId, Fraction] = {}
+    for t, terms in enumerate(terms_per_step, start=1):
+        if not terms and observed[t - 1] != 0:
+            return -math.inf
+        for node, scale, sign in terms:
+            assert sign in (1, -1)  # discrete Laplace is symmetric: the sign is irrelevant
+            steps_of.setdefault(node, set()).add(t)
+            assert scale_of.setdefault(node, scale) == scale
+    order = sorted(steps_of, key=lambda v: (-len(steps_of[v]), repr(v)))
+    parent: dict[NodeId, NodeId | None] = {}
+    for idx, v in enumerate(order):
+        parent[v] = None
+        for w in reversed(order[:idx]):
+            if steps_of[v] <= steps_of[w]:
+                parent[v] = w  # the smallest superset: its parent in the forest
+                break
+            assert steps_of[v].isdisjoint(steps_of[w]), "node sets are not laminar"
+    deepest = {t: v for v in order for t in steps_of[v]}
+    direct: dict[NodeId, list[int]] = {v: [] for v in order}
+    for t, v in deepest.items():
+        direct[v].append(observed[t - 1])
+    if not order:
+        return 0.0
+    b_max = max(float(s) for s in scale_of.values())
+    radius = int(max(abs(n) for n in observed)) + int(80 * b_max) + 10
+    grid = np.arange(-radius, radius + 1)
+    incoming = {v: np.zeros(grid.size) for v in order}  # log of the children's evidence
+    log_total = 0.0
+    for v in reversed(order):
+        log_h = incoming[v]  # ln h(y): evidence below v given the path sum y through v
+        for n in direct[v]:
+            log_h = np.where(grid == n, log_h, -np.inf)
+        log_message = _log_convolve(log_h, grid, scale_of[v])  # s: path sum above v
+        if parent[v] is None:
+            log_total += float(log_message[radius])  # no ancestors: s = 0
+        else:
+            incoming[parent[v]] = incoming[parent[v]] + log_message
+    return log_total
+
+
+def exact_values(module: ModuleType, spec, weights: Sequence[int]) -> list[int]:
+    return values(module, spec, weights, ZeroNoise())
+
+
+def log_likelihood_ratio(
+    module: ModuleType, spec, weights: Sequence[int], j: int, delta: int, outputs: Sequence[int]
+) -> float:
+    """ln P(outputs | weights) - ln P(outputs | weights with x_j += delta), exactly."""
+    other = list(weights)
+    other[j - 1] += delta
+    terms = [module.release_terms(spec, t) for t in range(1, len(weights) + 1)]
+    mine = exact_values(module, spec, weights)
+    theirs = exact_values(module, spec, other)
+    a = log_likelihood([o - e for o, e in zip(outputs, mine, strict=True)], terms)
+    b = log_likelihood([o - e for o, e in zip(outputs, theirs, strict=True)], terms)
+    return a - b
+
+
+def tail_outputs(module: ModuleType, spec, weights: Sequence[int], depth: int) -> list[int]:
+    """Valid outputs far in the lower tail: every noisy release is exact - depth.
+
+    There each node's density ratio is at its maximum, so the likelihood ratio comes
+    close to the cheapest coupling: the adversary's best case.
+    """
+    exact = exact_values(module, spec, weights)
+    return [e - depth if module.release_terms(spec, t) else e for t, e in enumerate(exact, start=1)]
+
+
+def discrete_laplace_kurtosis_terms(scale: Fraction) -> tuple[float, float]:
+    """(variance, fourth cumulant) of discrete Laplace, summed exactly over its support."""
+    p = math.exp(-1 / float(scale))
+    k = np.arange(1, 4000)
+    mass = 2 * (1 - p) / (1 + p) * p**k
+    m2, m4 = float(np.sum(mass * k**2)), float(np.sum(mass * k**4))
+    return m2, m4 - 3 * m2**2
+
+
+def sum_kurtosis(scales: Sequence[Fraction]) -> float:
+    """Kurtosis E[Y^4] / Var(Y)^2 of a sum of independent discrete Laplace terms."""
+    parts = [discrete_laplace_kurtosis_terms(s) for s in scales]
+    var = sum(v for v, _ in parts)
+    return 3 + sum(c for _, c in parts) / var**2
