@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import yaml
 
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.pipeline.worker_support import spawn_worker, stop_worker
+from dpstream.testing.pipeline import unique_names  # the plugin's: one way to name a test's topics
 
 
 @pytest.fixture(scope="session")
@@ -41,19 +41,6 @@ class WorkerProcess:
 
     def stop(self) -> None:
         stop_worker(self.proc)
-
-
-def unique_names(data: dict) -> dict:
-    """Give a test's pipeline its own app id and topics on the shared broker."""
-    run = uuid.uuid4().hex[:8]
-    data = {**data, "app_id": f"t-{run}"}
-    data["input"] = {**data.get("input", {}), "topic": f"t-{run}.events"}
-    data["outputs"] = {
-        "release_topic_prefix": f"t-{run}.dp.",
-        "dead_letter_topic": f"t-{run}.dead-letter",
-        "ledger_topic": f"t-{run}.ledger",
-    }
-    return data
 
 
 @contextmanager
