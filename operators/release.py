@@ -53,3 +53,8 @@ def noisy_release(t: int, exact: int, terms: Sequence[Term], noise: NoiseSource)
     # A two-sided geometric is symmetric: a minus sign leaves the interval unchanged.
     std, ci95 = _error_bar(tuple(sorted(scale for _, scale, _ in terms)))
     return TreeRelease(t=t, value=value, std=std, ci95=ci95)
+
+
+def interval(value: float, half_width: float) -> list[float]:
+    """The released interval ``[value - h, value + h]`` of an error bar's half-width ``h``."""
+    return [value - half_width, value + half_width]

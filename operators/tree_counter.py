@@ -81,6 +81,7 @@ def init(spec: BinaryTreeSpec) -> BinaryTreeState:
 
 def period_of(t: int) -> tuple[int, int]:
     """(l, k): step t >= 1 is the k-th step (1-based) of period l = floor(log2 t)."""
+    _validate.check_int_ge("t", t, 1)
     period = t.bit_length() - 1
     return period, t - (1 << period) + 1
 

@@ -112,6 +112,7 @@ from .svt import (
 from .svt import beta_spent as _beta_spent
 from .svt import guaranteed_stop_level as _guaranteed_stop_level
 from .svt import spent_epsilon as _tracker_spent
+from .tree_counter import period_of
 
 MECHANISM = "user_level"
 
@@ -387,13 +388,6 @@ class ExactTreeState:
     t: int = 0
     alpha: tuple[Vector, ...] = ()
     periods: tuple[Vector, ...] = ()
-
-
-def period_of(t: int) -> tuple[int, int]:
-    """(l, k): tick t >= 1 is the k-th tick (1-based) of period l = floor(log2 t)."""
-    _validate.check_int_ge("t", t, 1)
-    period = t.bit_length() - 1
-    return period, t - (1 << period) + 1
 
 
 def exact_tree_advance(tree: ExactTreeState, leaf: Sequence[int]) -> ExactTreeState:

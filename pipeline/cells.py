@@ -44,6 +44,7 @@ from dpstream.operators import cell_accountant as acct
 from dpstream.operators import cell_mean as cm
 from dpstream.operators import clip_user
 from dpstream.operators.noise import NoiseSource
+from dpstream.operators.release import interval
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
@@ -386,7 +387,7 @@ class CellMeanStatistic:
             "epoch": epoch,
             "value": rel.value,
             "std": rel.std,
-            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            "interval": interval(rel.value, rel.ci95),
             "noise_scale": rel.noise_scale,
             "cell_mechanism": rel.mechanism,
             "bounds": [self.cells.lower, self.cells.upper],

@@ -16,6 +16,7 @@ from typing import Any
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import continual_mean as cm
 from dpstream.operators.noise import NoiseSource
+from dpstream.operators.release import interval
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
@@ -111,9 +112,9 @@ class ContinualMeanStatistic:
             "value": rel.value,
             "std": rel.std,
             # Around the exact mean of the covered samples (noise only) ...
-            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            "interval": interval(rel.value, rel.ci95),
             # ... and around the population mean (noise, sampling and snapping).
-            "mean_interval": [rel.value - rel.mean_ci95, rel.value + rel.mean_ci95],
+            "mean_interval": interval(rel.value, rel.mean_ci95),
             "samples_covered": rel.total,
             "samples": rel.samples,
             "samples_over_cap": rel.dropped,

@@ -24,7 +24,7 @@ from dpstream.operators import (
     user_level,
 )
 from dpstream.operators.noise import NoiseSource
-from dpstream.operators.release import TreeRelease
+from dpstream.operators.release import TreeRelease, interval
 
 from .cells import CellMeanStatistic
 from .means import ContinualMeanStatistic
@@ -206,13 +206,13 @@ class UserLevelCounter:
         if self.stat.kind == "histogram":
             out["values"] = [b.value for b in bins]
             out["std"] = [b.std for b in bins]
-            out["intervals"] = [[b.value - b.ci95, b.value + b.ci95] for b in bins]
+            out["intervals"] = [interval(b.value, b.ci95) for b in bins]
             # Post-processing (Dong-Luo-Yi Sec. IV-B): no extra privacy cost.
             out["max_frequency"] = max(b.value for b in bins)
         else:
             out["value"] = bins[0].value
             out["std"] = bins[0].std
-            out["interval"] = [bins[0].value - bins[0].ci95, bins[0].value + bins[0].ci95]
+            out["interval"] = interval(bins[0].value, bins[0].ci95)
         return out
 
     def series_spent(self, op_state: Any) -> tuple[Fraction, Fraction]:

@@ -21,6 +21,7 @@ from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, truncation, user_level
 from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
+from dpstream.operators.release import interval
 
 from .mechanisms import (
     Counter,
@@ -484,7 +485,7 @@ class Stage2:
             "step": rel.t,
             "value": rel.value,
             "std": rel.std,
-            "interval": [rel.value - rel.ci95, rel.value + rel.ci95],
+            "interval": interval(rel.value, rel.ci95),
             "tau": stat.tau,
         }
         return [self._release_record(stat, tick, fields)], []
