@@ -120,6 +120,18 @@ class Charge:
             "basis": self.basis,
         }
 
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Charge:
+        """The charge a ledger statement recorded (``to_json``); epsilon as the decimal written."""
+        return cls(
+            statistic=obj["statistic"],
+            relation=obj["relation"],
+            epsilon=Fraction(repr(obj["epsilon"])),
+            per_epoch=obj["per_epoch"],
+            exact_counts=obj["exact_counts"],
+            basis=obj["basis"],
+        )
+
 
 @dataclass(frozen=True)
 class PrivacyStatement:

@@ -73,10 +73,9 @@ class CellMeanStatistic:
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
         cells = stat.cells
         assert cells is not None
-        # Strict mode honours privacy.neighbours: any_subset doubles the sum's noise. Public
-        # counts fix the relation (one user's values change, counts stay), so it is not
-        # passed there.
-        any_subset = cfg.privacy.neighbours is Neighbours.any_subset and not cells.counts_public
+        # Strict mode honours privacy.neighbours: any_subset doubles the sum's noise (the
+        # accountant refuses any_subset beside public counts).
+        any_subset = cfg.privacy.neighbours is Neighbours.any_subset
         spec = cells.operator_spec(stat.epsilon, any_subset=any_subset)
         clip = None
         if cells.clip_user:

@@ -55,12 +55,12 @@ class Stage1Driver:
             events, bad = decode_events(value, kind, self.limits)
         except BadRecord as exc:
             return [], [(None, exc.reason)]
-        rejected: list[Rejected] = list(bad)
         if partition is not None:
             routed = owned_by(events, partition, self._partitions)
-            rejected += [(None, MISROUTED)] * (len(events) - len(routed))
+            if len(routed) < len(events):
+                bad = [*bad, *[(None, MISROUTED)] * (len(events) - len(routed))]
             events = routed
-        return events, rejected
+        return events, bad
 
     def on_events(
         self,

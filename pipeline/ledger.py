@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from fractions import Fraction
 from typing import Any
 
 import orjson
@@ -77,7 +76,7 @@ def checked_statement(
         i = current.get(name)
         if i is None:
             if run["charge"] is not None:
-                retired.append(_retired(run["charge"]))
+                retired.append(accounting.Charge.from_json(run["charge"]))
             continue
         params = cfg.statistic_parameters(cfg.statistics[i])
         if accounting.fingerprint(params) != run["fingerprint"]:
@@ -110,17 +109,6 @@ def _field(index: int, changed: list[str]) -> str:
     if first.startswith("statistic."):
         return f"statistics[{index}].{first.removeprefix('statistic.')}"
     return _PIPELINE_FIELDS.get(first, first)
-
-
-def _retired(charge: dict[str, Any]) -> accounting.Charge:
-    return accounting.Charge(
-        statistic=charge["statistic"],
-        relation=charge["relation"],
-        epsilon=Fraction(repr(charge["epsilon"])),
-        per_epoch=charge["per_epoch"],
-        exact_counts=charge["exact_counts"],
-        basis=charge["basis"],
-    )
 
 
 def statement_entry(cfg: PipelineConfig, statement: accounting.PrivacyStatement) -> dict:

@@ -341,10 +341,6 @@ class Stage2:
             return user_level_counter_for(stat, relation == Neighbours.any_subset)
         return counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
 
-    def fingerprint(self, name: str) -> str:
-        """The statistic's identity: the fingerprint of its parameters."""
-        return self._fingerprints[name]
-
     def _check_identity(self, sstate: dict, name: str) -> None:
         identity = sstate.get("identity")
         if identity is None:

@@ -30,9 +30,6 @@ def scanned_files() -> list[Path]:
 def pointers(path: Path) -> list[str]:
     out = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        # docs/papers.md translates the old names for readers of old commits.
-        if path == PAPERS and (line.startswith("| spec 00") or "pitfall Pn" in line):
-            continue
         if POINTER.search(line):
             out.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     return out
