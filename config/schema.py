@@ -50,16 +50,52 @@ class _Model(BaseModel):
 
 
 class InputConfig(_Model):
-    topic: str = "dpstream.events"
+    """Where events come from, and how stage 1 is split.
+
+    ``topics``: the source topics, the users' own: the ingest reads them in a consumer
+    group and never writes to them or changes their settings; any partition count, any
+    producer, any record key. ``user_id_field``: where an event's user id is, a dotted
+    path for a nested field (``actor.id``). ``partitions``: the partitions of dpstream's
+    own events topic (``<app_id>-events``), stage 1's parallelism.
+    """
+
+    topics: list[str] = Field(["dpstream.events"], min_length=1)
+    user_id_field: str = "user_id"
     partitions: int = Field(4, ge=1, le=1024)
     # A single record (event or batch envelope) larger than this is dead-lettered.
     max_record_bytes: int = Field(1_000_000, ge=256, le=50_000_000)
     max_user_id_length: int = Field(256, ge=1, le=4096)
     # A cell key (kind cell_mean's ``cells.field`` attribute) longer than this is rejected.
     max_cell_key_length: int = Field(128, ge=1, le=4096)
+    # The most source records the ingest holds at once (consumed, not yet acknowledged by
+    # the events topic): its memory bound, and its batch.
+    ingest_batch: int = Field(5000, ge=1, le=1_000_000)
 
-    _topic = field_validator("topic")(_topic_name)
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "topic" in data:
+            raise ValueError("topic: now topics, a list of source topics (topics: [name])")
+        return data
 
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, v: list[str]) -> list[str]:
+        for i, topic in enumerate(v):
+            try:
+                _topic_name(topic)
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+        if len(set(v)) < len(v):
+            raise ValueError("a topic is listed twice")
+        return v
+
+    @field_validator("user_id_field")
+    @classmethod
+    def _user_id_field(cls, v: str) -> str:
+        if not v or any(not part for part in v.split(".")):
+            raise ValueError("must be a field name or a dotted path of field names")
+        return v
 
 class TickConfig(_Model):
     # Public, data-independent time step. Tick n covers wall-clock [n*I, (n+1)*I) (Unix time).
@@ -577,6 +613,20 @@ class PipelineConfig(_Model):
     _app_id = field_validator("app_id")(_identifier)
 
     @model_validator(mode="after")
+    def _sources_are_not_ours(self) -> PipelineConfig:
+        ours = {
+            self.events_topic,
+            self.stage2_topic,
+            self.outputs.dead_letter_topic,
+            self.outputs.ledger_topic,
+            *(self.release_topic(s.name) for s in self.statistics),
+        }
+        for i, topic in enumerate(self.input.topics):
+            if topic in ours:
+                raise ValueError(f"input.topics[{i}]: {topic!r} is a topic dpstream writes")
+        return self
+
+    @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:
         from dpstream.operators.accounting import StatementError
 
@@ -624,6 +674,11 @@ class PipelineConfig(_Model):
 
     def release_topic(self, statistic: str) -> str:
         return f"{self.outputs.release_topic_prefix}{statistic}"
+
+    @property
+    def events_topic(self) -> str:
+        """dpstream's own topic of validated events, partitioned by user (ingest.py)."""
+        return f"{self.app_id}-events"
 
     @property
     def stage2_topic(self) -> str:

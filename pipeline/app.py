@@ -24,19 +24,13 @@ from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
 from .drivers import Stage1Driver, Stage2Driver
+from .ingest import IngestFailed, IngestHandle
 from .kafka_security import faust_credentials
-from .records import (
-    HEADER,
-    TICK,
-    encode_tick,
-    header_kind,
-)
+from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
 from .stages import Stage1, Stage2, StatisticChanged
 from .statistic import Report
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTER_PAYLOAD_CHARS = 4096
 
 
 class HoleUnread(RuntimeError):
@@ -47,25 +41,15 @@ def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
     return [f"{scheme}://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
 
 
-def dead_letter(
-    reason: str, topic: str, partition: int, offset: int, payload: bytes | None, index: int | None
-) -> bytes:
-    """A dead-letter record: why, where from, and (a bounded prefix of) what."""
-    text = (payload or b"").decode("utf-8", errors="replace")
-    record = {
-        "reason": reason,
-        "topic": topic,
-        "partition": partition,
-        "offset": offset,
-        "index": index,
-        "payload": text[:DEAD_LETTER_PAYLOAD_CHARS],
-        "payload_truncated": len(text) > DEAD_LETTER_PAYLOAD_CHARS,
-    }
-    return orjson.dumps(record)
-
-
-def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir: Path) -> faust.App:
-    """Build the worker's Faust app for one pipeline definition."""
+def create_app(
+    cfg: PipelineConfig,
+    bootstrap: str,
+    noise: NoiseSource,
+    datadir: Path,
+    ingest: IngestHandle | None = None,
+) -> faust.App:
+    """Build the worker's Faust app for one pipeline definition (``ingest``: the worker's
+    own ingest, watched: the worker stops when it does)."""
     partitions = cfg.input.partitions
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
@@ -87,7 +71,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         broker_credentials=faust_credentials(cfg.kafka),
     )
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    input_topic = app.topic(cfg.input.topic, partitions=partitions, **raw)
+    events_topic = app.topic(cfg.events_topic, partitions=partitions, **raw)
     stage2_topic = app.topic(cfg.stage2_topic, partitions=partitions, **raw)
     release_topics = {
         s.name: app.topic(cfg.release_topic(s.name), partitions=1, **raw) for s in cfg.statistics
@@ -112,7 +96,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
     ) -> Awaitable:
         rejected[reason] += 1
         return await dead_letter_topic.send(
-            value=dead_letter(reason, cfg.input.topic, partition, offset, value, index)
+            value=dead_letter(reason, cfg.events_topic, partition, offset, value, index)
         )
 
     async def acknowledged(sent: list[Awaitable]) -> None:
@@ -146,7 +130,7 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
             start,
             end - 1,
         )
-        missing = await read_hole(cfg.input.topic, partition, start, end)
+        missing = await read_hole(cfg.events_topic, partition, start, end)
         for at, headers, value, timestamp_ms in missing:
             await handle_input(partition, at, value, headers, timestamp_ms, in_gap=True)
 
@@ -181,19 +165,21 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
                         key=report.statistic.encode(), value=orjson.dumps(report.to_json())
                     )
                 )
-        else:
-            events, rejected = driver1.decode(value, kind, partition)
+        elif kind == ENVELOPE:
             if stage1_table.full:
                 await stage1_table.flush()
                 pstate = stage1_table.get(pkey) or pstate
-            rejected = driver1.on_events(pstate, users, partition, offset, events, rejected)
+            rejected = driver1.on_envelope(pstate, users, partition, offset, value)
+        else:  # only the ingest and the clock write this topic
+            fresh = not driver1.is_redelivered(pstate, offset)
+            rejected = [(None, "not a dpstream envelope or tick marker")] if fresh else []
         for index, reason in rejected:
             sent.append(await reject(reason, partition, offset, value, index))
         await acknowledged(sent)
         driver1.done(pstate, offset)
         entries[pkey] = pstate
 
-    @app.agent(input_topic, name="stage1")
+    @app.agent(events_topic, name="stage1")
     async def stage1_agent(stream):
         async for event in stream.events():
             msg = event.message
@@ -262,10 +248,16 @@ def create_app(cfg: PipelineConfig, bootstrap: str, noise: NoiseSource, datadir:
         first = closed if clock["last"] is None else clock["last"] + 1
         for tick in range(first, closed + 1):
             for partition in range(partitions):
-                await input_topic.send(
+                await events_topic.send(
                     value=encode_tick(tick), partition=partition, headers=[(HEADER, TICK)]
                 )
             clock["last"] = tick
+
+    @app.timer(1.0)
+    async def watch_ingest() -> None:
+        if ingest is not None and not ingest.is_alive():
+            log.error("the ingest stopped; stopping the worker")
+            await app.crash(IngestFailed("the worker's ingest stopped"))
 
     @app.timer(10.0)
     async def report_rejections() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -16,6 +17,9 @@ from dpstream.config.schema import ConfigError, PipelineConfig, StatisticConfig,
 from dpstream.operators.errors import DpStreamError
 
 log = logging.getLogger("dpstream")
+
+# Where a worker runs its ingest unless told (docs/benchmarks.md measured both).
+INGEST_DEFAULT = "process"
 
 
 def resolve_bootstrap(arg: str | None) -> str:
@@ -61,7 +65,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     statement = cfg.privacy_statement()
     print(f"{args.file}: OK")
     print(
-        f"  input {cfg.input.topic} ({cfg.input.partitions} partitions), "
+        f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
+        f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
         f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
@@ -103,14 +108,17 @@ def _describe(s: StatisticConfig) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel)
+    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
     return 0
 
 
-def run_worker(cfg: PipelineConfig, bootstrap: str, loglevel: str = "info") -> None:
+def run_worker(
+    cfg: PipelineConfig, bootstrap: str, loglevel: str = "info", ingest: str = INGEST_DEFAULT
+) -> None:
     import faust
 
     from .app import create_app
+    from .ingest import IngestHandle
     from .ledger import record_statement
     from .topics import ensure_topics
     from .worker_support import load_noise
@@ -120,9 +128,38 @@ def run_worker(cfg: PipelineConfig, bootstrap: str, loglevel: str = "info") -> N
     # Refuses a statistic changed under its name; the statement goes to the ledger.
     record_statement(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
-    app = create_app(cfg, bootstrap, noise, datadir)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
-    worker.execute_from_commandline()
+    handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
+    try:
+        app = create_app(cfg, bootstrap, noise, datadir, handle)
+        worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+        worker.execute_from_commandline()
+    finally:
+        if handle is not None:
+            handle.stop()
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    import threading
+
+    from .ingest import run_ingest
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    run_ingest(load_config(args.config), resolve_bootstrap(args.bootstrap), stop)
+    return 0
+
+
+def cmd_lag(args: argparse.Namespace) -> int:
+    from .ingest import source_lag
+
+    cfg = load_config(args.config)
+    lags = source_lag(cfg, resolve_bootstrap(args.bootstrap))
+    for name, row in lags.items():
+        print(f"{name}\tcommitted={row['committed']}\tend={row['end']}\tlag={row['lag']}")
+    print(f"total lag: {sum(row['lag'] for row in lags.values())}")
+    return 0
 
 
 def _jsonl(path: str):
@@ -156,7 +193,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         if args.rate:
             time.sleep(max(0.0, start + sent / args.rate - time.monotonic()))
     producer.flush(30)
-    print(f"produced {sent} events to {cfg.input.topic}")
+    print(f"produced {sent} events to {cfg.input.topics[0]}")
     return 0
 
 
@@ -241,9 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_config(sub.add_parser("worker", help="run a dpstream worker (Faust)"))
     p.add_argument("--loglevel", default="info")
+    p.add_argument(
+        "--ingest",
+        choices=["process", "thread", "off"],
+        default=INGEST_DEFAULT,
+        help="where this worker's ingest runs (off: run `dpstream ingest` elsewhere)",
+    )
     p.set_defaults(func=cmd_worker)
 
-    p = with_config(sub.add_parser("produce", help="produce events to the input topic"))
+    p = with_config(sub.add_parser("ingest", help="run only an ingest (source -> events topic)"))
+    p.set_defaults(func=cmd_ingest)
+
+    p = with_config(sub.add_parser("lag", help="the ingest's lag per source partition"))
+    p.set_defaults(func=cmd_lag)
+
+    p = with_config(sub.add_parser("produce", help="produce events to the first source topic"))
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--events", help="JSONL file of events")
     src.add_argument("--synthetic-users", type=int, help="generate events from N users")
@@ -267,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", required=True, help='JSONL log with {"tick": n} markers')
     p.set_defaults(func=cmd_replay)
 
-    p = with_config(sub.add_parser("export-log", help="write the input topic as a replay log"))
+    p = with_config(sub.add_parser("export-log", help="write the events topic as a replay log"))
     p.add_argument("--out", help="output file (default: stdout)")
     p.set_defaults(func=cmd_export_log)
 

@@ -1,5 +1,5 @@
 """confluent-kafka tools: the project's producer (single events and batch envelopes),
-the input-topic export for replay, and a release reader."""
+the events-topic export for replay, and a release reader."""
 
 from __future__ import annotations
 
@@ -11,21 +11,20 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
+from .drivers import Stage1Driver
 from .kafka_security import confluent_config
 from .records import (
     BATCH,
+    ENVELOPE,
     HEADER,
     TICK,
     BadRecord,
     check_marker_time,
-    decode_events,
+    decode_envelope,
     decode_tick,
     event_json,
     header_kind,
-    owned_by,
-    partition_for,
 )
-from .worker_support import limits_for
 
 
 def make_producer(
@@ -34,9 +33,6 @@ def make_producer(
     """The project's producer; ``security`` is the config's ``kafka:`` section (SASL/TLS)."""
     conf = {
         "bootstrap.servers": bootstrap,
-        # Java-compatible murmur2, the partitioner Faust/aiokafka use, so a user's events
-        # and that user's stage-1 state share a partition.
-        "partitioner": "murmur2_random",
         "linger.ms": 20,
         "compression.type": "lz4",
         "enable.idempotence": True,
@@ -50,30 +46,27 @@ def make_producer(
 def produce_events(
     producer: Producer, cfg: PipelineConfig, events: Iterable[dict], batch: int = 1
 ) -> int:
-    """Send events keyed by user_id; with ``batch > 1`` as envelopes grouped by partition."""
-    topic, partitions = cfg.input.topic, cfg.input.partitions
+    """Send events to the first source topic, keyed by user id; with ``batch > 1`` as
+    batch envelopes (JSON arrays of ``batch`` events) that the ingest splits again."""
+    topic = cfg.input.topics[0]
     sent = 0
-    buffers: dict[int, list[dict]] = defaultdict(list)
+    buffer: list[dict] = []
 
-    def flush_partition(partition: int) -> None:
-        events_ = buffers.pop(partition)
-        producer.produce(
-            topic, value=orjson.dumps(events_), partition=partition, headers=[(HEADER, BATCH)]
-        )
+    def flush() -> None:
+        producer.produce(topic, value=orjson.dumps(buffer), headers=[(HEADER, BATCH)])
+        buffer.clear()
 
     for event in events:
-        user_id = str(event["user_id"])
         if batch <= 1:
-            producer.produce(topic, key=user_id.encode(), value=orjson.dumps(event))
+            producer.produce(topic, key=str(event["user_id"]).encode(), value=orjson.dumps(event))
         else:
-            partition = partition_for(user_id, partitions)
-            buffers[partition].append(event)
-            if len(buffers[partition]) >= batch:
-                flush_partition(partition)
+            buffer.append(event)
+            if len(buffer) >= batch:
+                flush()
         sent += 1
         producer.poll(0)
-    for partition in list(buffers):
-        flush_partition(partition)
+    if buffer:
+        flush()
     return sent
 
 
@@ -166,16 +159,17 @@ def read_range(
 
 
 def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
-    """The input topic as a replay log (see ``replay.py``): the events stage 1 accepted,
-    grouped into the ticks that closed in every partition, each tick ended by a marker."""
+    """dpstream's events topic as a replay log (see ``replay.py``): the events stage 1
+    counts (each source event once, ``Stage1Driver.unseen``), grouped into the ticks that
+    closed in every partition, each tick ended by a marker."""
     partitions = cfg.input.partitions
-    limits = limits_for(cfg)
-    per_partition = read_topic(bootstrap, cfg.input.topic, partitions, security=cfg.kafka)
-    ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> accepted events
+    per_partition = read_topic(bootstrap, cfg.events_topic, partitions, security=cfg.kafka)
+    ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> counted events
     firsts, lasts = [], []
     for p in range(partitions):
         by_tick: dict[int, list[dict]] = defaultdict(list)
         buffered: list[dict] = []
+        sources: dict = {}
         first = last = None
         for _, headers, value, timestamp in per_partition[p]:
             kind = header_kind(headers)
@@ -189,11 +183,11 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
                     buffered = []
                     first = tick if first is None else first
                     last = tick
-                    continue
-                events, _ = decode_events(value, kind, limits)
+                elif kind == ENVELOPE:
+                    events = Stage1Driver.unseen(sources, decode_envelope(value))
+                    buffered += [event_json(e) for e in events]
             except BadRecord:
                 continue
-            buffered += [event_json(e) for e in owned_by(events, p, partitions)]
         if first is None:
             return  # a partition without a closed tick: nothing has been released yet
         ticks.append(by_tick)

@@ -4,25 +4,23 @@ The Faust agents (``app.py``) read records, call these drivers, send what they r
 store the states once the broker has acknowledged it; ``replay.py`` calls the same drivers
 over a log. Neither decides anything the drivers decide: which marker is a re-delivery,
 which bad event is dead-lettered (once), where a consumer skipped records, what a report
-closes. No Kafka here.
+closes, which of the ingest's events were counted before. No Kafka here.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import MutableMapping
 
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
-from .records import BadRecord, Event, check_marker_time, decode_events, decode_tick, owned_by
+from .records import BadRecord, Envelope, Event, check_marker_time, decode_envelope, decode_tick
 from .stages import Stage1, Stage2, users_of_partition
 from .statistic import Report
-from .worker_support import limits_for
 
 Rejected = tuple[int | None, str]
 """A dead letter: the event's index in its envelope (None: the whole record) and why."""
-
-MISROUTED = "misrouted: user_id does not hash to this partition"
 
 
 class Stage1Driver:
@@ -30,7 +28,6 @@ class Stage1Driver:
 
     def __init__(self, cfg: PipelineConfig) -> None:
         self.stage1 = Stage1(cfg)
-        self.limits = limits_for(cfg)
         self._partitions = cfg.input.partitions
         self._interval = cfg.ticks.interval_seconds
 
@@ -45,22 +42,41 @@ class Stage1Driver:
     def is_redelivered(pstate: dict, offset: int) -> bool:
         return offset <= pstate["last_offset"]
 
-    def decode(
-        self, value: bytes | None, kind: bytes | None, partition: int | None
-    ) -> tuple[list[Event], list[Rejected]]:
-        """A record's good events and its dead letters. With a ``partition``, an event
-        whose user hashes elsewhere is dead-lettered: a user's events must all land on
-        one partition, or its contribution bound would be split across stage-1 states."""
+    def on_envelope(
+        self,
+        pstate: dict,
+        users: MutableMapping[str, dict],
+        partition: int,
+        offset: int,
+        value: bytes | None,
+    ) -> list[Rejected]:
+        """Count the events of envelope record ``offset`` that this partition has not
+        counted before (``unseen``); its dead letter when it is not an envelope."""
         try:
-            events, bad = decode_events(value, kind, self.limits)
+            envelope = decode_envelope(value)
         except BadRecord as exc:
-            return [], [(None, exc.reason)]
-        if partition is not None:
-            routed = owned_by(events, partition, self._partitions)
-            if len(routed) < len(events):
-                bad = [*bad, *[(None, MISROUTED)] * (len(events) - len(routed))]
-            events = routed
-        return events, bad
+            return [] if self.is_redelivered(pstate, offset) else [(None, exc.reason)]
+        return self.on_events(pstate, users, partition, offset, self.unseen(pstate, envelope), [])
+
+    @staticmethod
+    def unseen(pstate: dict, envelope: Envelope) -> list[Event]:
+        """The envelope's events after the last source position this partition counted
+        of its source partition (and that position, advanced).
+
+        This is what makes the ingest's re-sends harmless: every ingest sends each
+        partition the events of a source partition in source order, gapless, from where
+        its consumer group had committed, which is at or below what reached this topic;
+        so an event at or below the last counted position was counted (docs/design.md,
+        "Exactly once from the source")."""
+        sources = pstate.setdefault("sources", {})
+        last = sources.get(envelope.source)
+        events = envelope.events
+        if last is not None:
+            start = bisect.bisect_right(envelope.positions(), (last[0], last[1]))
+            events = events[start:]
+        if events:
+            sources[envelope.source] = [envelope.offsets[-1], envelope.indexes[-1]]
+        return events
 
     def on_events(
         self,

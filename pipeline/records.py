@@ -1,18 +1,25 @@
-"""Wire formats of the input topic, and their validation.
+"""Wire formats: the source topics' records, dpstream's events topic, and validation.
 
-An input record is one of:
+A source record (the user's topic, read by the ingest, ``ingest.py``) is one of:
   * an event: a JSON object
     ``{"user_id": str, "value"?: number, "key"?: str, "ts"?: number|str, "op"?: "insert"|"delete"}``
-    keyed by user_id (``op: delete`` feeds the deletion stream of statistics that have one),
-    plus, for a ``cell_mean`` statistic, its cell attribute (``cells.field``, e.g.
-    ``"h3": "8a2a1072b59ffff"``: a non-empty string);
-  * a batch envelope (header ``dpstream: batch``): a JSON array of events whose users all
-    hash to the record's partition (our producer groups them so);
-  * a tick marker (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
+    (``op: delete`` feeds the deletion stream of statistics that have one), plus, for a
+    ``cell_mean`` statistic, its cell attribute (``cells.field``, e.g.
+    ``"h3": "8a2a1072b59ffff"``: a non-empty string). The user id is read from
+    ``input.user_id_field`` (a dotted path for a nested field); its key, partition and
+    producer do not matter;
+  * a batch envelope (header ``dpstream: batch``): a JSON array of such events (our
+    producer's), each event positioned by (record offset, index in the array).
+
+dpstream's events topic (written by the ingest and the clock only) holds
+  * envelopes (header ``dpstream: envelope``): the validated events of one source
+    partition whose users hash (murmur2) to the record's partition, in source order,
+    columnar for stage 1 (``encode_envelope``);
+  * tick markers (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
     clock into every partition. Events between markers n-1 and n belong to tick n.
 
-Anything else is rejected with a reason and goes to the dead-letter topic. Reasons
-name the problem, never the raw value (user ids and payloads stay out of logs).
+A bad source record or event is rejected with a reason and goes to the dead-letter topic.
+Reasons name the problem, never the raw value (user ids and payloads stay out of logs).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from aiokafka.partitioner import murmur2
 HEADER = "dpstream"
 TICK = b"tick"
 BATCH = b"batch"
+ENVELOPE = b"envelope"
 
 
 class BadRecord(Exception):  # noqa: N818 - it is a verdict on input, not a program error
@@ -81,6 +89,8 @@ class Limits:
     # Event attributes that hold a cell key (kind cell_mean), and their longest value.
     cell_fields: tuple[str, ...] = ()
     max_cell_key_length: int = 128
+    # Where an event's user id is: a path of JSON object fields (``input.user_id_field``).
+    user_id_path: tuple[str, ...] = ("user_id",)
     # (key, delete) -> _value_plan(...): which rules apply to such an event, computed once.
     plans: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -95,12 +105,6 @@ def _murmur2_positive(user_id: str) -> int:
 def partition_for(user_id: str, partitions: int) -> int:
     """The partition Kafka's default (murmur2) partitioner picks for key ``user_id``."""
     return _murmur2_positive(user_id) % partitions
-
-
-def owned_by(events: list[Event], partition: int, partitions: int) -> list[Event]:
-    """The events whose user hashes to ``partition`` (murmur2 once per distinct user)."""
-    owner = {u: partition_for(u, partitions) for u in {e.user_id for e in events}}
-    return [e for e in events if owner[e.user_id] == partition]
 
 
 def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) -> bytes | None:
@@ -119,9 +123,10 @@ def parse_event(obj: object, limits: Limits) -> Event:
     if type(obj) is not dict:
         raise BadRecord("event is not a JSON object")
     get = obj.get
-    user_id = get("user_id")
+    path = limits.user_id_path
+    user_id = get(path[0]) if len(path) == 1 else _nested(obj, path)
     if type(user_id) is not str or len(user_id) > limits.max_user_id_length or not user_id.strip():
-        raise _bad_user_id(user_id)
+        raise _bad_user_id(user_id, ".".join(path))
     key = get("key")
     if key is not None and type(key) is not str:
         raise BadRecord("key is not a string")
@@ -170,14 +175,22 @@ def parse_event(obj: object, limits: Limits) -> Event:
     return event
 
 
-def _bad_user_id(user_id: object) -> BadRecord:
+def _nested(obj: dict, path: tuple[str, ...]) -> object:
+    for name in path:
+        if type(obj) is not dict:
+            return None
+        obj = obj.get(name)
+    return obj
+
+
+def _bad_user_id(user_id: object, name: str) -> BadRecord:
     if user_id is None:
-        return BadRecord("missing user_id")
+        return BadRecord(f"missing {name}")
     if type(user_id) is not str:
-        return BadRecord("user_id is not a string")
+        return BadRecord(f"{name} is not a string")
     if not user_id.strip():
-        return BadRecord("empty user_id")
-    return BadRecord("user_id too long")
+        return BadRecord(f"empty {name}")
+    return BadRecord(f"{name} too long")
 
 
 def _value_plan(
@@ -225,7 +238,7 @@ def _loads(value: bytes) -> object:
 
 
 # A marker is written by the leader's clock right after its tick ends; the broker stamps
-# it (the input topic uses LogAppendTime). One that claims a tick not yet ended, or one
+# it (the events topic uses LogAppendTime). One that claims a tick not yet ended, or one
 # long over, is not the clock's: anyone who may write events could write it.
 MARKER_CLOCK_SKEW_SECONDS = 2.0
 MARKER_MAX_AGE_SECONDS = 300.0
@@ -301,3 +314,129 @@ def event_json(event: Event) -> dict[str, object]:
     for attr, cell in event.cells:
         out[attr] = cell
     return out
+
+
+# A dead letter keeps this much of the record it reports (for inspection; never logged).
+DEAD_LETTER_PAYLOAD_CHARS = 4096
+
+
+def dead_letter(
+    reason: str, topic: str, partition: int, offset: int, payload: bytes | None, index: int | None
+) -> bytes:
+    """A dead-letter record: why, where from, and (a bounded prefix of) what."""
+    text = (payload or b"").decode("utf-8", errors="replace")
+    record = {
+        "reason": reason,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "index": index,
+        "payload": text[:DEAD_LETTER_PAYLOAD_CHARS],
+        "payload_truncated": len(text) > DEAD_LETTER_PAYLOAD_CHARS,
+    }
+    return orjson.dumps(record)
+
+
+Position = tuple[int, int]
+"""Where an event was in its source partition: (record offset, index in a batch record)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """Validated events of one source partition, in source order (positions strictly
+    increasing), all of users that hash to the events partition the envelope is in."""
+
+    source: str  # "<topic>/<partition>"
+    offsets: list[int]
+    indexes: list[int]
+    events: list[Event]
+
+    def positions(self) -> list[Position]:
+        return list(zip(self.offsets, self.indexes, strict=True))
+
+
+def source_id(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def encode_envelope(
+    source: str, offsets: list[int], indexes: list[int], events: list[Event]
+) -> bytes:
+    """Columns, so that stage 1 reads an envelope without a dict per event: "s" the
+    source, "o" offsets, "u" user ids, and only where some event has one: "i" indexes,
+    "k" keys, "v" values, "d" the positions of deletions, "c" cell keys per attribute."""
+    out: dict[str, object] = {
+        "s": source,
+        "o": offsets,
+        "u": [e.user_id for e in events],
+    }
+    if any(indexes):
+        out["i"] = indexes
+    keys = [e.key for e in events]
+    if any(k is not None for k in keys):
+        out["k"] = keys
+    values = [e.value for e in events]
+    if any(v is not None for v in values):
+        out["v"] = values
+    deletes = [n for n, e in enumerate(events) if e.delete]
+    if deletes:
+        out["d"] = deletes
+    if any(e.cells for e in events):
+        attrs = sorted({a for e in events for a, _ in e.cells})
+        out["c"] = {a: [e.cell(a) for e in events] for a in attrs}
+    return orjson.dumps(out)
+
+
+def _column(obj: dict, name: str, n: int, kinds: tuple[type, ...]) -> list:
+    column = obj.get(name)
+    if column is None:
+        return [None] * n
+    if type(column) is not list or len(column) != n:
+        raise BadRecord("malformed envelope")
+    for item in column:
+        if item is not None and type(item) not in kinds:
+            raise BadRecord("malformed envelope")
+    return column
+
+
+def decode_envelope(value: bytes | None) -> Envelope:
+    """An envelope written by ``encode_envelope``; BadRecord when it is not one. Its
+    events were validated by the ingest: only the shape is checked here."""
+    try:
+        obj = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        raise BadRecord("malformed envelope") from None
+    if type(obj) is not dict or type(obj.get("s")) is not str or type(obj.get("o")) is not list:
+        raise BadRecord("malformed envelope")
+    offsets = obj["o"]
+    n = len(offsets)
+    users = _column(obj, "u", n, (str,))
+    indexes = obj.get("i") or [0] * n
+    if (
+        None in users
+        or type(indexes) is not list
+        or len(indexes) != n
+        or any(type(x) is not int for x in offsets)
+        or any(type(x) is not int for x in indexes)
+    ):
+        raise BadRecord("malformed envelope")
+    keys = _column(obj, "k", n, (str,))
+    values = _column(obj, "v", n, (float, int))
+    deletes = set(obj.get("d") or ())
+    cells_by_attr = obj.get("c") or {}
+    if type(cells_by_attr) is not dict:
+        raise BadRecord("malformed envelope")
+    cell_columns = [(a, _column(cells_by_attr, a, n, (str,))) for a in cells_by_attr]
+    previous = (-1, -1)
+    events = []
+    for i in range(n):
+        position = (offsets[i], indexes[i])
+        if position <= previous:
+            raise BadRecord("malformed envelope")  # not in source order
+        previous = position
+        value = values[i]
+        cells = tuple((a, column[i]) for a, column in cell_columns if column[i] is not None)
+        events.append(
+            Event(users[i], keys[i], None if value is None else float(value), i in deletes, cells)
+        )
+    return Envelope(obj["s"], offsets, indexes, events)

@@ -6,12 +6,14 @@ Log format, one JSON value per line:
   * a tick marker ``{"tick": n}``: the events above it (since the previous marker) belong
     to tick n.
 Events after the last marker belong to no closed tick and release nothing, as in the
-pipeline. ``dpstream export-log`` writes this format from the input topic, so the same
-key gives the pipeline's releases exactly.
+pipeline. Events name their user ``user_id`` whatever ``input.user_id_field`` says (the
+ingest's output form). ``dpstream export-log`` writes this format from dpstream's events
+topic, so the same key gives the pipeline's releases exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 import orjson
@@ -20,8 +22,9 @@ from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
 from .drivers import Stage1Driver, Stage2Driver
-from .records import BATCH, Event, partition_for
+from .records import BATCH, BadRecord, Event, decode_events, partition_for
 from .stages import Stage1, Stage2
+from .worker_support import limits_for
 
 
 def replay(
@@ -31,11 +34,12 @@ def replay(
 
     The worker's drivers (``drivers.py``) over the log: line numbers are the offsets,
     every partition sees every marker, and each line's events go to their users'
-    partitions (the log is not partitioned, so nothing is misrouted)."""
+    partitions, as the ingest routes them."""
     # The input's partitions, as in the worker: a continual mean splits its user cap
     # and packs its median arrays per partition (every other kind merely adds up).
     partitions = cfg.input.partitions
     driver1, driver2 = Stage1Driver(cfg), Stage2Driver(cfg, noise, partitions)
+    limits = dataclasses.replace(limits_for(cfg), user_id_path=("user_id",))
     users: dict[str, dict] = {}
     pstates = [Stage1.new_partition_state() for _ in range(partitions)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
@@ -56,7 +60,10 @@ def replay(
                 for report in reports:
                     yield from driver2.on_report(sstates[report.statistic], report)[0]
             continue
-        events, bad = driver1.decode(line, BATCH if isinstance(obj, list) else None, None)
+        try:
+            events, bad = decode_events(line, BATCH if isinstance(obj, list) else None, limits)
+        except BadRecord as exc:
+            events, bad = [], [(None, exc.reason)]
         by_partition: dict[int, list[Event]] = {}
         for event in events:
             by_partition.setdefault(partition_for(event.user_id, partitions), []).append(event)

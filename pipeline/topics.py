@@ -25,8 +25,8 @@ def changelog_topics(cfg: PipelineConfig) -> list[str]:
 
 
 def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
-    """Every topic dpstream writes or reads, with its partitions."""
-    plan = {cfg.input.topic: cfg.input.partitions, cfg.stage2_topic: cfg.input.partitions}
+    """Every topic dpstream writes, with its partitions (the source topics are read only)."""
+    plan = {cfg.events_topic: cfg.input.partitions, cfg.stage2_topic: cfg.input.partitions}
     # Created here, not lazily by Faust: right after a lazy creation the worker's metadata
     # may still show 0 partitions, and Faust then crashes the agent (PartitionsMismatch).
     plan.update(dict.fromkeys(changelog_topics(cfg), cfg.input.partitions))
@@ -43,20 +43,25 @@ def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminC
 
 
 def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
-    """Create missing topics; stop with a ConfigError if the input topic has the wrong shape."""
+    """Create dpstream's missing topics; stop with a ConfigError if one has the wrong shape.
+
+    A source topic that does not exist yet is created with ``input.partitions`` partitions
+    and the broker's defaults (a new pipeline's first run); one that exists is never
+    touched, whatever its partitions and settings."""
     client = admin(bootstrap, cfg.kafka)
     existing = client.list_topics(timeout=timeout).topics
     plan = topic_plan(cfg)
-    for name in (cfg.input.topic, cfg.stage2_topic, *changelog_topics(cfg)):
+    for name in (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)):
         if name in existing and len(existing[name].partitions) != plan[name]:
             raise ConfigError(
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
-    # The broker stamps input records, so a tick marker's time cannot be forged
-    # (records.check_marker_time).
-    configs[cfg.input.topic] = {"message.timestamp.type": "LogAppendTime"}
+    # The broker stamps the events topic's records, so a tick marker's time cannot be
+    # forged (records.check_marker_time).
+    configs[cfg.events_topic] = {"message.timestamp.type": "LogAppendTime"}
+    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
     missing = [
         NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
     ]

@@ -34,6 +34,7 @@ def limits_for(cfg: PipelineConfig) -> Limits:
         value_rules=tuple(value_rule(s) for s in cfg.statistics),
         cell_fields=tuple(sorted({s.cells.field for s in cfg.statistics if s.cells})),
         max_cell_key_length=cfg.input.max_cell_key_length,
+        user_id_path=tuple(cfg.input.user_id_field.split(".")),
     )
 
 

@@ -23,7 +23,7 @@ def unique_names(data: dict[str, Any]) -> dict[str, Any]:
     """The config with its own app id and topics, so tests can share one broker."""
     run = uuid.uuid4().hex[:8]
     data = {**data, "app_id": f"t-{run}"}
-    data["input"] = {**data.get("input", {}), "topic": f"t-{run}.events"}
+    data["input"] = {**data.get("input", {}), "topics": [f"t-{run}.events"]}
     data["outputs"] = {
         "release_topic_prefix": f"t-{run}.dp.",
         "dead_letter_topic": f"t-{run}.dead-letter",

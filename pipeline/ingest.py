@@ -1,0 +1,330 @@
+"""The ingest stage: the users' source topics -> dpstream's events topic, by user.
+
+The source topics are someone else's: the ingest reads them in a consumer group
+(``<app_id>-ingest``) with confluent-kafka, needs only Read and Describe on them, and
+never writes to them or changes their settings. Any producer, partitioner, partition
+count or key (or none) works: the user id is a field of the value
+(``input.user_id_field``). Each event is validated (``records.parse_event``, the rules and
+reasons of every other path); a bad one goes to the dead-letter topic with its source
+topic, partition, offset and index. The good ones go to the events topic, to the partition
+murmur2 picks for their user (stage 1 keeps each user's contribution bound in one place),
+as columnar envelopes (``records.encode_envelope``) that keep each event's source position.
+
+Exactly once without transactions (docs/design.md, "Exactly once from the source"): the
+ingest commits a source offset only after the broker has acknowledged every envelope and
+dead letter of the records before it, so a crash re-sends and never skips; its producer is
+idempotent and gapless (a partition receives a prefix of what it was sent, in order); stage
+1 drops an event at or below the last source position it counted (``drivers.unseen``).
+
+Memory is bounded: at most ``input.ingest_batch`` source records are held at a time,
+consumed, routed, sent and acknowledged before the next batch is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from dpstream.config.schema import PipelineConfig
+from dpstream.operators.errors import DpStreamError
+
+from .kafka_security import confluent_config
+from .records import (
+    ENVELOPE,
+    HEADER,
+    BadRecord,
+    Event,
+    Limits,
+    dead_letter,
+    decode_events,
+    encode_envelope,
+    header_kind,
+    partition_for,
+    source_id,
+)
+from .worker_support import limits_for
+
+log = logging.getLogger(__name__)
+
+# Events per envelope at most: ~40 KB of JSON, well under any producer or broker limit.
+ENVELOPE_EVENTS = 2000
+LOG_SECONDS = 10.0
+
+
+class IngestFailed(DpStreamError):
+    """The events topic refused what the ingest sent; it stops without committing, and a
+    restarted ingest re-sends from the last committed offset."""
+
+
+class SourceRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    headers: list | None
+    value: bytes | None
+
+
+@dataclass
+class Routed:
+    """One batch of source records, routed: envelopes by events partition, dead letters."""
+
+    envelopes: list[tuple[int, bytes]] = field(default_factory=list)
+    dead_letters: list[bytes] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    events: int = 0
+
+
+def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> Routed:
+    """Validate the records' events and group them by (source partition, events partition)
+    in source order; bad records and events become dead letters."""
+    columns: dict[tuple[str, int], tuple[list[int], list[int], list[Event]]] = {}
+    out = Routed()
+    for record in records:
+        try:
+            events, bad = decode_events(record.value, header_kind(record.headers), limits)
+        except BadRecord as exc:
+            bad, events = [(None, exc.reason)], []
+        for index, reason in bad:
+            out.reasons.append(reason)
+            out.dead_letters.append(
+                dead_letter(
+                    reason, record.topic, record.partition, record.offset, record.value, index
+                )
+            )
+        if not events:
+            continue
+        source = source_id(record.topic, record.partition)
+        # The good events' indexes in the record: those not dead-lettered, in order.
+        rejected = {index for index, _ in bad}
+        indexes = [i for i in range(len(events) + len(bad)) if i not in rejected] if bad else None
+        for n, event in enumerate(events):
+            key = (source, partition_for(event.user_id, partitions))
+            group = columns.get(key)
+            if group is None:
+                group = columns[key] = ([], [], [])
+            group[0].append(record.offset)
+            group[1].append(n if indexes is None else indexes[n])
+            group[2].append(event)
+        out.events += len(events)
+    for key in columns:
+        source, partition = key
+        for start in range(0, len(columns[key][2]), ENVELOPE_EVENTS):
+            end = start + ENVELOPE_EVENTS
+            out.envelopes.append(
+                (partition, encode_envelope(source, *(c[start:end] for c in columns[key])))
+            )
+    return out
+
+
+def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"{cfg.app_id}-ingest",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        # librdkafka's default (1 s) idles the fetcher after the first fetches.
+        "fetch.queue.backoff.ms": 10,
+        "log_level": 0,
+        **confluent_config(cfg.kafka),
+    }
+
+
+def producer_config(bootstrap: str, cfg: PipelineConfig) -> dict[str, object]:
+    return {
+        "bootstrap.servers": bootstrap,
+        # In order, once, and without gaps: a failed batch stops the producer rather than
+        # letting a later one land after it (stage 1's dedupe needs a prefix), and no
+        # message times out locally (a timeout is the one gap gapless does not cover).
+        "enable.idempotence": True,
+        "enable.gapless.guarantee": True,
+        "message.timeout.ms": 0,
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "log_level": 0,
+        **confluent_config(cfg.kafka),
+    }
+
+
+class Ingest:
+    """One ingest: a consumer-group member over the source topics and a producer."""
+
+    def __init__(self, cfg: PipelineConfig, bootstrap: str) -> None:
+        self._cfg = cfg
+        self._limits = limits_for(cfg)
+        self._consumer = Consumer(consumer_config(cfg, bootstrap))
+        self._producer = Producer(producer_config(bootstrap, cfg))
+        self._failure: KafkaError | None = None
+        self._logged = time.monotonic()
+        self.events = 0  # events sent to the events topic so far
+        self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
+
+    def run(self, stop: Any, parent: int | None = None) -> None:
+        """Until ``stop`` is set (or the ``parent`` process is gone): consume, route, send,
+        wait for the acknowledgements, commit."""
+        self._consumer.subscribe(self._cfg.input.topics, on_assign=self._on_assign)
+        try:
+            while not stop.is_set() and (parent is None or os.getppid() == parent):
+                self.step(timeout=0.5)
+                if time.monotonic() - self._logged > LOG_SECONDS:
+                    self._log_progress()
+        finally:
+            self.close()
+
+    def _log_progress(self) -> None:
+        self._logged = time.monotonic()
+        log.info("ingest lag by source partition: %s", self.lag())
+        if self.rejected:
+            log.warning("dead-lettered records so far by reason: %s", dict(self.rejected))
+
+    def step(self, timeout: float) -> int:
+        """One batch; returns how many source records it held."""
+        records = []
+        for msg in self._consumer.consume(self._cfg.input.ingest_batch, timeout):
+            error = msg.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                log.warning("ingest consumer: %s", error)
+                continue
+            records.append(
+                SourceRecord(msg.topic(), msg.partition(), msg.offset(), msg.headers(), msg.value())
+            )
+        if not records:
+            return 0
+        routed = route(records, self._limits, self._cfg.input.partitions)
+        for partition, value in routed.envelopes:
+            self._send(self._cfg.events_topic, value, partition, [(HEADER, ENVELOPE)])
+        for value in routed.dead_letters:
+            self._send(self._cfg.outputs.dead_letter_topic, value, None, None)
+        self._await_acknowledged()
+        self._commit(records)
+        self.events += routed.events
+        self.rejected.update(routed.reasons)
+        return len(records)
+
+    def _send(self, topic: str, value: bytes, partition: int | None, headers) -> None:
+        kwargs = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value, headers=headers, on_delivery=self._delivered, **kwargs
+                )
+                return
+            except BufferError:  # the producer's queue is full: let it drain
+                self._producer.poll(0.1)
+
+    def _delivered(self, error: KafkaError | None, _msg: object) -> None:
+        if error is not None and self._failure is None:
+            self._failure = error
+
+    def _await_acknowledged(self) -> None:
+        while self._producer.flush(1.0) > 0:
+            log.warning("ingest: waiting for the events topic to acknowledge")
+        if self._failure is not None:
+            raise IngestFailed(f"the events topic refused a record: {self._failure}")
+
+    def _commit(self, records: list[SourceRecord]) -> None:
+        # Every record consumed is acknowledged (sent or dead-lettered): commit past it.
+        ends: dict[tuple[str, int], int] = {}
+        for r in records:
+            ends[r.topic, r.partition] = r.offset + 1
+        offsets = [TopicPartition(t, p, end) for (t, p), end in ends.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # A rebalance took the partitions: their new owner starts at the last commit,
+            # which is at or below what was sent, and stage 1 drops what it counted.
+            log.warning("ingest: commit refused (%s); the next owner re-sends", exc)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("ingest assigned %s", sorted(f"{p.topic}[{p.partition}]" for p in partitions))
+
+    def lag(self) -> dict[str, int]:
+        """Records behind the end of each assigned source partition."""
+        out = {}
+        for tp in self._consumer.assignment():
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            position = self._consumer.position([tp])[0].offset
+            if high >= 0 and position >= 0:
+                out[f"{tp.topic}[{tp.partition}]"] = high - position
+        return out
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._producer.flush(5.0)
+
+
+def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> dict[str, dict]:
+    """Per source partition: the ingest group's committed offset, the end, and the lag
+    (what ``dpstream lag`` prints; a Kafka tool's ``--describe --group`` says the same)."""
+    consumer = Consumer({**consumer_config(cfg, bootstrap), "enable.auto.commit": False})
+    try:
+        out: dict[str, dict] = {}
+        topics = consumer.list_topics(timeout=timeout).topics
+        tps = [
+            TopicPartition(t, p)
+            for t in cfg.input.topics
+            if t in topics
+            for p in sorted(topics[t].partitions)
+        ]
+        for tp in consumer.committed(tps, timeout=timeout) if tps else []:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            at = tp.offset if tp.offset >= 0 else low
+            out[f"{tp.topic}[{tp.partition}]"] = {
+                "committed": tp.offset if tp.offset >= 0 else None,
+                "end": high,
+                "lag": high - at,
+            }
+        return out
+    finally:
+        consumer.close()
+
+
+class IngestHandle:
+    """The worker's ingest, in a thread or a child process, stopped with the worker."""
+
+    def __init__(self, cfg: PipelineConfig, bootstrap: str, mode: str) -> None:
+        if mode == "thread":
+            self._stop: Any = threading.Event()
+            self._runner: Any = threading.Thread(
+                target=run_ingest, args=(cfg, bootstrap, self._stop), name="ingest", daemon=True
+            )
+        else:
+            # spawn: the worker already runs librdkafka's threads, which fork would not copy.
+            context = multiprocessing.get_context("spawn")
+            self._stop = context.Event()
+            self._runner = context.Process(
+                target=run_ingest,
+                args=(cfg, bootstrap, self._stop, os.getpid()),
+                name="dpstream-ingest",
+                daemon=True,
+            )
+        self._runner.start()
+
+    def is_alive(self) -> bool:
+        return self._runner.is_alive()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stop.set()
+        self._runner.join(timeout)
+        if isinstance(self._runner, multiprocessing.process.BaseProcess) and self.is_alive():
+            self._runner.kill()
+
+
+def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | None = None) -> None:
+    """An ingest until ``stop`` is set (or, in a child process, its worker is gone)."""
+    if parent is not None:
+        logging.basicConfig(
+            level=logging.INFO, format="[%(asctime)s] [ingest %(process)d] %(message)s"
+        )
+    ingest = Ingest(cfg, bootstrap)
+    ingest.run(stop, parent)
