@@ -187,11 +187,46 @@ def fetch_jars(*, quiet: bool = True) -> Path:
                 f"Maven could not fetch the Kafka jars (exit {result.returncode}):\n"
                 + _tail_text(output, 40)
             )
-        if not list(target.glob("kafka_2.13-*.jar")):
-            raise BrokerError(f"Maven succeeded but no kafka_2.13 jar is in {target}")
+        for jar in ("kafka_2.13-*.jar", "kafka-tools-[0-9]*.jar"):
+            if not list(target.glob(jar)):
+                raise BrokerError(f"Maven succeeded but no {jar} is in {target}")
         (target / _MARKER).write_text(_pom_digest() + "\n", encoding="utf-8")
         logger.info("Kafka jars ready in %.1f s", time.monotonic() - started)
     return target
+
+
+CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
+"""Kafka's ``kafka-console-producer.sh`` (in ``kafka-tools``, see ``deploy/pom.xml``)."""
+
+
+def kafka_tool_command(main_class: str, *args: str) -> list[str]:
+    """The command line that runs one of Kafka's own tools from the jars of :func:`fetch_jars`.
+
+    What ``bin/kafka-run-class.sh <main_class> <args>`` does in a Kafka download: a JVM on
+    the jar directory, logging through ``deploy/log4j2.properties`` (WARN and above to
+    stdout). The jars are fetched first if needed.
+
+    Args:
+        main_class: E.g. :data:`CONSOLE_PRODUCER`.
+        *args: The tool's own arguments (``--help`` lists them).
+
+    Returns:
+        An argument list for :func:`subprocess.run` (no shell).
+
+    Raises:
+        BrokerError: No JDK, no Maven where the jars must be fetched, or Maven failed.
+    """
+    jars = fetch_jars()
+    return [
+        _java(),
+        "-XX:TieredStopAtLevel=1",  # a short-lived JVM: skip the optimising compiler
+        "-Xmx256m",
+        "-cp",
+        f"{jars}/*",
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+        main_class,
+        *args,
+    ]
 
 
 # --------------------------------------------------------------------------- helpers
