@@ -22,9 +22,11 @@ consumed, routed, sent and acknowledged before the next batch is read.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 # Events per envelope at most: ~40 KB of JSON, well under any producer or broker limit.
 ENVELOPE_EVENTS = 2000
 LOG_SECONDS = 10.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class IngestFailed(DpStreamError):
@@ -134,8 +137,22 @@ def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
         # librdkafka's default (1 s) idles the fetcher after the first fetches.
         "fetch.queue.backoff.ms": 10,
         "log_level": 0,
+        **_group_timeouts(),
         **confluent_config(cfg.kafka),
     }
+
+
+def _group_timeouts() -> dict[str, int]:
+    """The worker's Faust group timeouts (BROKER_SESSION_TIMEOUT, BROKER_HEARTBEAT_INTERVAL,
+    in seconds, from the environment) hold for its ingest too: both stages fail over alike."""
+    out = {}
+    for env, setting in (
+        ("BROKER_SESSION_TIMEOUT", "session.timeout.ms"),
+        ("BROKER_HEARTBEAT_INTERVAL", "heartbeat.interval.ms"),
+    ):
+        if os.environ.get(env):
+            out[setting] = int(float(os.environ[env]) * 1000)
+    return out
 
 
 def producer_config(bootstrap: str, cfg: PipelineConfig) -> dict[str, object]:
@@ -323,8 +340,19 @@ class IngestHandle:
 def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | None = None) -> None:
     """An ingest until ``stop`` is set (or, in a child process, its worker is gone)."""
     if parent is not None:
+        _die_with_parent()
         logging.basicConfig(
             level=logging.INFO, format="[%(asctime)s] [ingest %(process)d] %(message)s"
         )
     ingest = Ingest(cfg, bootstrap)
     ingest.run(stop, parent)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this process when its worker dies, however it dies, so a
+    killed worker's ingest sends nothing more (elsewhere ``run`` notices within a batch)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return

@@ -4,10 +4,12 @@ A plain module, so that no test module imports another."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 
 import orjson
 import pytest
@@ -240,3 +242,12 @@ def require_docker() -> None:
     if containers_required():
         pytest.fail(f"{broker.REQUIRE_CONTAINERS_ENV} is set but no Docker engine answers")
     pytest.skip("no Docker engine answers (CI runs these with one)")
+
+
+def hooked(tmp_path: Path, source: str) -> dict[str, str]:
+    """The environment that makes a worker run ``source`` at start-up (a sitecustomize
+    module first on its PYTHONPATH)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(source)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}

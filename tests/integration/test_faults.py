@@ -54,6 +54,7 @@ from tests.integration.support import (
     TICK,
     TopicReader,
     deduplicated,
+    hooked,
     pipeline_config,
     readers,
     truncated_counts,
@@ -617,15 +618,6 @@ AIOKafkaProducer.flush = flush
 """
 
 
-def hooked(tmp_path: Path, source: str) -> dict[str, str]:
-    """The environment that makes a worker run ``source`` at start-up (a sitecustomize
-    module first on its PYTHONPATH)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(source)
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-
-
 def test_a_release_unacknowledged_at_a_crash_is_sent_after_the_restart(bootstrap, tmp_path):
     """The release of a tick is still unacknowledged when the worker dies: stage 2 must not
     have stored the tick as closed, or the re-delivered reports are ignored and the tick is
@@ -856,12 +848,12 @@ Fetcher.fetched_records = fetched_records
 def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_path, where):
     """The consumer hands a stage a partition with a hole in its offsets, as Faust did
     around rebalances (test above): the first delivery of some records is dropped on the
-    way (HOLE_HOOK). ``input``: 5 records of the events topic; stage 1 sees a record after its partition
-    state's last offset + 1 and reads the hole directly. ``stage2``: the next 40 records
-    of the stage-2 partition holding the ``views`` reports; stage 2 sees a report whose
-    first tick is not the next one and reads since that statistic's last report. Every
-    event counts once: the releases equal the truncated counts of the log, and the worker
-    log names the hole."""
+    way (HOLE_HOOK). ``input``: 5 records of the events topic; stage 1 sees a record
+    after its partition state's last offset + 1 and reads the hole directly. ``stage2``:
+    the next 40 records of the stage-2 partition holding the ``views`` reports; stage 2
+    sees a report whose first tick is not the next one and reads since that statistic's
+    last report. Every event counts once: the releases equal the truncated counts of the
+    log, and the worker log names the hole."""
     hole = tmp_path / "hole"
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     cfg = parse_config(data)

@@ -1,0 +1,287 @@
+"""The ingest stage against a real broker (issue 14): the source topics users already
+have, written by the clients they already use, counted exactly once.
+
+Zero noise and a tau above every user's count, so that every release must equal the exact
+count of what was produced:
+
+* confluent-kafka at its defaults (keyed by user id, and without keys), kcat (Debian's,
+  librdkafka's default partitioner) and Kafka's own console producer (murmur2 with keys,
+  sticky without), each into its own source topic of one pipeline: every event counted
+  once, and every source topic's records and settings the same after the run as before;
+* the worker SIGKILLed during ingest at several points while events stream in, and two
+  workers sharing 4 source partitions with one SIGKILLed: per-user counts equal the truth
+  and the releases equal ``replay`` of dpstream's events topic.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from dpstream.config.schema import parse_config
+from dpstream.pipeline.clients import export_log, read_topic
+from dpstream.pipeline.records import decode_envelope
+from dpstream.pipeline.worker_support import spawn_worker
+from tests.conftest import WorkerProcess, unique_names, wait_until
+from tests.integration import producers
+from tests.integration.support import (
+    FAST_REJOIN,
+    assert_equal_to_replay,
+    deduplicated,
+    hooked,
+    readers,
+)
+
+pytestmark = pytest.mark.integration
+
+TICK = 0.5
+TAU = 100_000  # above every user's count: nothing is truncated
+# Once the file $DPSTREAM_TEST_FREEZE exists, the ingest stops between the events topic's
+# acknowledgement of a batch and its commit (and says so with <file>.frozen): a kill there
+# makes the next owner re-send what stage 1 has counted, the case the dedupe is for.
+FREEZE_HOOK = """
+import os
+import time
+from pathlib import Path
+
+from dpstream.pipeline import ingest
+
+_commit = ingest.Ingest._commit
+_FREEZE = Path(os.environ["DPSTREAM_TEST_FREEZE"])
+
+
+def _frozen(self, records):
+    if _FREEZE.exists():
+        _FREEZE.with_suffix(".frozen").touch()
+        while True:
+            time.sleep(1)
+    _commit(self, records)
+
+
+ingest.Ingest._commit = _frozen
+"""
+VARIANTS = [
+    (name, keyed) for name in ("confluent_default", "kcat", "java_console") for keyed in (1, 0)
+]
+
+
+def config(topics: list[str], statistics: list[dict], app: dict) -> dict:
+    return {
+        **app,
+        "input": {"topics": topics, "partitions": 4},
+        "ticks": {"interval_seconds": TICK},
+        "noise": {"mode": "insecure_zero"},
+        "privacy": {"total_epsilon": float(len(statistics))},
+        "statistics": statistics,
+    }
+
+
+def start(bootstrap: str, directory: Path, data: dict, env: dict | None = None) -> WorkerProcess:
+    cfg = parse_config(data)
+    path = directory / f"{cfg.app_id}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    log = directory / f"{cfg.app_id}.{time.monotonic_ns()}.log"
+    return WorkerProcess(cfg, path, log, spawn_worker(path, bootstrap, log, env))
+
+
+def latest(reader) -> int | None:
+    releases = reader.drain()
+    return releases[-1]["value"] if releases else None
+
+
+def test_every_producer_users_have_is_counted_once_and_the_source_is_untouched(bootstrap, tmp_path):
+    if any(name == "kcat" for name, _ in VARIANTS):
+        producers.kcat_or_skip()
+    names = unique_names({})
+    run = names["app_id"]
+    topic = {v: f"{run}.src-{v[0]}-{'keyed' if v[1] else 'unkeyed'}" for v in VARIANTS}
+    stats = [
+        {"name": f"{v[0]}_{v[1]}", "key": f"{v[0]}_{v[1]}", "epsilon": 1.0, "tau": TAU}
+        for v in VARIANTS
+    ]
+    data = config(list(topic.values()), stats, names)
+    rng = random.Random(5)
+    sent: dict[str, list[dict]] = {}
+    for variant in VARIANTS:
+        key = f"{variant[0]}_{variant[1]}"
+        sent[key] = [{"user_id": f"user-{rng.randrange(60):03d}", "key": key} for _ in range(300)]
+        producers.create_source_topic(bootstrap, topic[variant], partitions=3)
+        producers.PRODUCERS[variant[0]](bootstrap, topic[variant], sent[key], bool(variant[1]))
+    before = {t: producers.snapshot(bootstrap, t) for t in topic.values()}
+
+    worker = start(bootstrap, tmp_path, data)
+    rd = readers(bootstrap, worker)
+    try:
+        wait_until(
+            lambda: all(latest(rd[k]) == len(events) for k, events in sent.items()),
+            90,
+            "every event of every producer released",
+            worker,
+        )
+        releases = {s.name: rd[s.name].records[:] for s in worker.cfg.statistics}
+        dead = rd["_dead"].drain()
+    finally:
+        for r in rd.values():
+            r.close()
+        worker.stop()
+    assert dead == []
+    # Each event once, per user: the events topic (as export-log reads it) holds exactly
+    # what was produced.
+    counted = Counter(
+        (e["key"], e["user_id"])
+        for e in map(orjson.loads, export_log(worker.cfg, bootstrap))
+        if "user_id" in e
+    )
+    assert counted == Counter((e["key"], e["user_id"]) for ev in sent.values() for e in ev)
+    assert_equal_to_replay(worker.cfg, bootstrap, releases, least=1)
+    for name in topic.values():
+        assert producers.snapshot(bootstrap, name) == before[name], name
+
+
+class Stream:
+    """Events from 200 users produced into a source topic at about ``rate`` per second,
+    by confluent-kafka at its defaults, in a background thread."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, seconds: float) -> None:
+        rng = random.Random(9)
+        self.events = [
+            {"user_id": f"u{int(rng.paretovariate(1.2)) % 200:03d}"}
+            for _ in range(int(rate * seconds))
+        ]
+        self._args = (bootstrap, topic)
+        self._chunk = max(1, int(rate / 10))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            for i in range(0, len(self.events), self._chunk):
+                producers.produce_confluent_default(
+                    *self._args, self.events[i : i + self._chunk], keyed=True
+                )
+                time.sleep(0.1)
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    def start(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._thread.join(120)
+        assert self.error is None, self.error
+
+
+def check_exact(cfg, bootstrap: str, events: list[dict], releases: list[bytes]) -> None:
+    """The ingest did re-send events (else nothing was tested); per-user counts of the
+    events topic equal the truth; the releases (re-sent ones byte-identical) equal the
+    replay of the events topic and end at the total."""
+    positions: Counter[tuple] = Counter()
+    for records in read_topic(bootstrap, cfg.events_topic, cfg.input.partitions).values():
+        for _, headers, value, _ in records:
+            if dict(headers).get("dpstream") == b"envelope":
+                env = decode_envelope(value)
+                positions.update((env.source, *p) for p in env.positions())
+    assert sum(positions.values()) > len(events), "no event was sent twice: nothing tested"
+    log = list(export_log(cfg, bootstrap))
+    counted = Counter(e["user_id"] for e in map(orjson.loads, log) if "user_id" in e)
+    assert counted == Counter(e["user_id"] for e in events)
+    once = deduplicated("events", releases)
+    assert_equal_to_replay(cfg, bootstrap, {"events": once}, least=1)
+    assert orjson.loads(once[-1])["value"] == len(events)
+
+
+def freezer(tmp_path: Path, name: str) -> tuple[Path, dict[str, str]]:
+    freeze = tmp_path / f"{name}.freeze"
+    return freeze, {"DPSTREAM_TEST_FREEZE": str(freeze)}
+
+
+def kill_frozen(worker: WorkerProcess, freeze: Path) -> None:
+    """Freeze the worker's ingest after an acknowledged batch, then SIGKILL the worker
+    (its ingest dies with it)."""
+    freeze.touch()
+    frozen = freeze.with_suffix(".frozen")
+    wait_until(frozen.exists, 30, "the ingest frozen before a commit", worker)
+    worker.proc.kill()
+    worker.proc.wait(10)
+    freeze.unlink()
+    frozen.unlink()
+
+
+def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
+    names = unique_names({})
+    source = f"{names['app_id']}.src"
+    producers.create_source_topic(bootstrap, source, partitions=4)
+    data = config([source], [{"name": "events", "epsilon": 1.0, "tau": TAU}], names)
+    freeze, frozen_env = freezer(tmp_path, "worker")
+    env = {**FAST_REJOIN, **hooked(tmp_path, FREEZE_HOOK), **frozen_env}
+    worker = start(bootstrap, tmp_path, data, env)
+    rd = readers(bootstrap, worker)
+    stream = None
+    try:
+        wait_until(lambda: rd["events"].drain() != [], 90, "the first release", worker)
+        stream = Stream(bootstrap, source, rate=3000, seconds=8).start()
+        # Killed after an acknowledged, uncommitted batch; at a random moment; again after
+        # an acknowledged batch. Each time a new worker takes over.
+        for pause, frozen in ((1.0, True), (1.7, False), (0.5, True)):
+            time.sleep(pause)
+            worker.assert_running()
+            if frozen:
+                kill_frozen(worker, freeze)
+            else:
+                worker.proc.kill()
+                worker.proc.wait(10)
+            worker = start(bootstrap, tmp_path, data, env)
+        stream.join()
+        total = len(stream.events)
+        wait_until(lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", worker)
+        releases = rd["events"].records[:]
+    finally:
+        for r in rd.values():
+            r.close()
+        worker.stop()
+    check_exact(worker.cfg, bootstrap, stream.events, releases)
+
+
+def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tmp_path):
+    names = unique_names({})
+    source = f"{names['app_id']}.src"
+    producers.create_source_topic(bootstrap, source, partitions=4)
+    data = config([source], [{"name": "events", "epsilon": 1.0, "tau": TAU}], names)
+    freeze, frozen_env = freezer(tmp_path, "first")
+    first = start(
+        bootstrap, tmp_path, data, {**FAST_REJOIN, **hooked(tmp_path, FREEZE_HOOK), **frozen_env}
+    )
+    rd = readers(bootstrap, first)
+    second = None
+    try:
+        wait_until(lambda: rd["events"].drain() != [], 90, "the first release", first)
+        second = start(bootstrap, tmp_path, data, dict(FAST_REJOIN))
+        stream = Stream(bootstrap, source, rate=3000, seconds=10).start()
+        # Both ingests in the group: each worker's log names its source partitions.
+        wait_until(
+            lambda: all(b"ingest assigned" in w.log_path.read_bytes() for w in (first, second)),
+            60,
+            "both ingests assigned source partitions",
+            second,
+        )
+        time.sleep(2)
+        kill_frozen(first, freeze)
+        stream.join()
+        total = len(stream.events)
+        wait_until(lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", second)
+        releases = rd["events"].records[:]
+    finally:
+        for r in rd.values():
+            r.close()
+        first.stop()
+        if second is not None:
+            second.stop()
+    check_exact(first.cfg, bootstrap, stream.events, releases)
