@@ -673,7 +673,9 @@ def worker_run(bootstrap, directory, noise: dict) -> Run:
                 return len(lag) == SOURCE_PARTITIONS and all(v["lag"] == 0 for v in lag.values())
 
             wait_until(ingested, 60, "the ingest to commit the whole source topic", worker)
-            # Every event is now in the events topic, before the markers of this tick.
+            # Every event is now in the events topic, so before the markers of tick
+            # last - 1, which the clock writes once that tick ends, after now: the releases
+            # up to tick ``last`` cover every event.
             last = math.floor(time.time() / TICK_SECONDS) + 1
 
             def done() -> bool:
