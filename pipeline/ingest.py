@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dpstream.config.schema import PipelineConfig
@@ -49,6 +50,7 @@ from .records import (
     dead_letter,
     decode_events,
     encode_envelope,
+    event_json,
     header_kind,
     partition_for,
     source_id,
@@ -57,8 +59,10 @@ from .worker_support import limits_for
 
 log = logging.getLogger(__name__)
 
-# Events per envelope at most: ~40 KB of JSON, well under any producer or broker limit.
+# An envelope holds at most this many events and bytes: well under the producer's and the
+# broker's default message size (1 MB).
 ENVELOPE_EVENTS = 2000
+ENVELOPE_BYTES = 512 * 1024
 LOG_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -118,14 +122,41 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
             group[1].append(n if indexes is None else indexes[n])
             group[2].append(event)
         out.events += len(events)
-    for key in columns:
-        source, partition = key
-        for start in range(0, len(columns[key][2]), ENVELOPE_EVENTS):
+    for (source, partition), (offsets, indexes, events) in columns.items():
+        for start in range(0, len(events), ENVELOPE_EVENTS):
             end = start + ENVELOPE_EVENTS
-            out.envelopes.append(
-                (partition, encode_envelope(source, *(c[start:end] for c in columns[key])))
+            _add_envelopes(
+                out, source, partition, offsets[start:end], indexes[start:end], events[start:end]
             )
     return out
+
+
+def _add_envelopes(
+    out: Routed,
+    source: str,
+    partition: int,
+    offsets: list[int],
+    indexes: list[int],
+    events: list[Event],
+) -> None:
+    """One envelope, or halves of it until each is at most ENVELOPE_BYTES (long user ids,
+    keys or cell keys make events large); an event too large alone is dead-lettered."""
+    value = encode_envelope(source, offsets, indexes, events)
+    if len(value) <= ENVELOPE_BYTES:
+        out.envelopes.append((partition, value))
+    elif len(events) == 1:
+        topic, _, source_partition = source.rpartition("/")
+        event = orjson.dumps(event_json(events[0]))
+        reason = "event too large for the events topic"
+        out.reasons.append(reason)
+        out.dead_letters.append(
+            dead_letter(reason, topic, int(source_partition), offsets[0], event, indexes[0])
+        )
+        out.events -= 1
+    else:
+        half = len(events) // 2
+        for part in (slice(0, half), slice(half, None)):
+            _add_envelopes(out, source, partition, offsets[part], indexes[part], events[part])
 
 
 def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:

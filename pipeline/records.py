@@ -422,7 +422,10 @@ def decode_envelope(value: bytes | None) -> Envelope:
         raise BadRecord("malformed envelope")
     keys = _column(obj, "k", n, (str,))
     values = _column(obj, "v", n, (float, int))
-    deletes = set(obj.get("d") or ())
+    deletes = obj.get("d") or []
+    if type(deletes) is not list or any(type(x) is not int for x in deletes):
+        raise BadRecord("malformed envelope")
+    deletes = set(deletes)
     cells_by_attr = obj.get("c") or {}
     if type(cells_by_attr) is not dict:
         raise BadRecord("malformed envelope")

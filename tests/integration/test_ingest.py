@@ -241,7 +241,9 @@ def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
             worker = start(bootstrap, tmp_path, data, env)
         stream.join()
         total = len(stream.events)
-        wait_until(lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", worker)
+        wait_until(
+            lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", worker
+        )
         releases = rd["events"].records[:]
     finally:
         for r in rd.values():
@@ -276,7 +278,9 @@ def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tm
         kill_frozen(first, freeze)
         stream.join()
         total = len(stream.events)
-        wait_until(lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", second)
+        wait_until(
+            lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", second
+        )
         releases = rd["events"].records[:]
     finally:
         for r in rd.values():
