@@ -230,7 +230,7 @@ class MeanConfig(_Model):
     Values are clipped to [lower, upper] (and counted). ``max_users`` (n) and
     ``max_samples_per_user`` (m) are declared caps: the noise is calibrated to them, and a
     user or sample beyond them is not used, and is counted. The cap on users is split
-    evenly over the input partitions (operators.continual_mean.user_quota).
+    evenly over the events topic's partitions (operators.continual_mean.user_quota).
     """
 
     lower: float = 0.0

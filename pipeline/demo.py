@@ -34,7 +34,7 @@ def demo_config(run_id: str, key_file: Path) -> dict:
     data = yaml.safe_load(text)
     # Fresh names per run, so a demo against a long-lived broker never mixes runs.
     data["app_id"] = f"dpstream-demo-{run_id}"
-    data["input"]["topic"] = f"dpstream.events.{run_id}"
+    data["input"]["topics"] = [f"dpstream.events.{run_id}"]
     data["outputs"] = {
         "release_topic_prefix": f"dp.{run_id}.",
         "dead_letter_topic": f"dpstream.dead-letter.{run_id}",

@@ -1,6 +1,6 @@
 """The two stages' bookkeeping, free of Kafka so the worker and ``dpstream replay`` share it.
 
-Stage 1 (keyed by user, one state per input partition): truncates each user's events to
+Stage 1 (keyed by user, one state per events-topic partition): truncates each user's events to
 tau per statistic and pre-aggregates the kept units per tick. Stage 2 (keyed by
 statistic): waits until every stage-1 partition has reported tick t, then advances the
 statistic's tree counter one step and releases. All DP math lives in ``operators``;

@@ -129,20 +129,22 @@ def spawn_worker(
     log_path: Path,
     env: dict[str, str] | None = None,
     loglevel: str = "info",
+    command: tuple[str, ...] = ("worker",),
 ) -> subprocess.Popen:
-    """Start ``dpstream worker`` as a child process logging to ``log_path``."""
+    """Start ``dpstream worker`` (or another ``command``, e.g. ``("ingest",)`` or
+    ``("worker", "--ingest", "thread")``) as a child process logging to ``log_path``."""
     cmd = [
         sys.executable,
         "-m",
         "dpstream.pipeline.cli",
-        "worker",
+        *command,
         "--config",
         str(config_path),
         "--bootstrap",
         bootstrap,
-        "--loglevel",
-        loglevel,
     ]
+    if command[0] == "worker":
+        cmd += ["--loglevel", loglevel]
     with open(log_path, "wb") as log:
         # Fixed argument list, no shell.
         return subprocess.Popen(  # noqa: S603

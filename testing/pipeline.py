@@ -84,7 +84,7 @@ class Pipeline:
         return self._proc is not None and self._proc.poll() is None
 
     def produce(self, events: Iterable[dict[str, Any]]) -> int:
-        """Send events (dicts with ``user_id``, ``key``, ...) to the input topic; flushed."""
+        """Send events (dicts with ``user_id``, ``key``, ...) to the source topic; flushed."""
         from dpstream.pipeline.clients import make_producer, produce_events
 
         if self._producer is None:

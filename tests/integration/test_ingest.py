@@ -27,6 +27,7 @@ import yaml
 
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.clients import export_log, read_topic
+from dpstream.pipeline.ingest import source_lag
 from dpstream.pipeline.records import decode_envelope
 from dpstream.pipeline.worker_support import spawn_worker
 from tests.conftest import WorkerProcess, unique_names, wait_until
@@ -83,12 +84,19 @@ def config(topics: list[str], statistics: list[dict], app: dict) -> dict:
     }
 
 
-def start(bootstrap: str, directory: Path, data: dict, env: dict | None = None) -> WorkerProcess:
+def start(
+    bootstrap: str,
+    directory: Path,
+    data: dict,
+    env: dict | None = None,
+    command: tuple[str, ...] = ("worker",),
+) -> WorkerProcess:
     cfg = parse_config(data)
     path = directory / f"{cfg.app_id}.yaml"
     path.write_text(yaml.safe_dump(data))
     log = directory / f"{cfg.app_id}.{time.monotonic_ns()}.log"
-    return WorkerProcess(cfg, path, log, spawn_worker(path, bootstrap, log, env))
+    proc = spawn_worker(path, bootstrap, log, env, command=command)
+    return WorkerProcess(cfg, path, log, proc)
 
 
 def latest(reader) -> int | None:
@@ -143,6 +151,34 @@ def test_every_producer_users_have_is_counted_once_and_the_source_is_untouched(b
     assert_equal_to_replay(worker.cfg, bootstrap, releases, least=1)
     for name in topic.values():
         assert producers.snapshot(bootstrap, name) == before[name], name
+    # What `dpstream lag` prints: the group committed every source partition to its end.
+    lag = source_lag(worker.cfg, bootstrap)
+    assert len(lag) == 3 * len(VARIANTS)
+    assert all(row["lag"] == 0 for row in lag.values())
+    # (a partition no record went to has no committed offset)
+    assert all(row["committed"] == row["end"] for row in lag.values() if row["end"] > 0)
+
+
+@pytest.mark.parametrize("where", ["thread", "own process"])
+def test_the_ingest_in_a_thread_or_its_own_process(bootstrap, tmp_path, where):
+    """Besides the default (a child process of the worker): ``--ingest thread``, and
+    ``--ingest off`` with ``dpstream ingest`` run as a process of its own."""
+    data, source = counting_pipeline(bootstrap)
+    events = [{"user_id": f"u{i % 37}"} for i in range(500)]
+    producers.produce_confluent_default(bootstrap, source, events, keyed=False)
+    mode = "thread" if where == "thread" else "off"
+    worker = start(bootstrap, tmp_path, data, command=("worker", "--ingest", mode))
+    ingest = None if where == "thread" else start(bootstrap, tmp_path, data, command=("ingest",))
+    rd = readers(bootstrap, worker)
+    try:
+        wait_until(lambda: latest(rd["events"]) == len(events), 90, "the events released", worker)
+    finally:
+        for r in rd.values():
+            r.close()
+        worker.stop()
+        if ingest is not None:
+            ingest.stop()
+            assert ingest.proc.returncode == 0, ingest.log_tail()  # SIGTERM: a clean stop
 
 
 class Stream:
@@ -215,11 +251,25 @@ def kill_frozen(worker: WorkerProcess, freeze: Path) -> None:
     frozen.unlink()
 
 
-def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
+def counting_pipeline(bootstrap: str) -> tuple[dict, str]:
+    """A pipeline counting every event of one new 4-partition source topic."""
     names = unique_names({})
-    source = f"{names['app_id']}.src"
+    source = names["input"]["topics"][0]
     producers.create_source_topic(bootstrap, source, partitions=4)
-    data = config([source], [{"name": "events", "epsilon": 1.0, "tau": TAU}], names)
+    return config([source], [{"name": "events", "epsilon": 1.0, "tau": TAU}], names), source
+
+
+def released_all(stream: Stream, rd: dict, worker: WorkerProcess) -> list[bytes]:
+    """Once the stream has been produced: the releases up to the one counting it all."""
+    stream.join()
+    wait_until(
+        lambda: (latest(rd["events"]) or 0) >= len(stream.events), 120, "every event", worker
+    )
+    return rd["events"].records[:]
+
+
+def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
+    data, source = counting_pipeline(bootstrap)
     freeze, frozen_env = freezer(tmp_path, "worker")
     env = {**FAST_REJOIN, **hooked(tmp_path, FREEZE_HOOK), **frozen_env}
     worker = start(bootstrap, tmp_path, data, env)
@@ -239,12 +289,7 @@ def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
                 worker.proc.kill()
                 worker.proc.wait(10)
             worker = start(bootstrap, tmp_path, data, env)
-        stream.join()
-        total = len(stream.events)
-        wait_until(
-            lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", worker
-        )
-        releases = rd["events"].records[:]
+        releases = released_all(stream, rd, worker)
     finally:
         for r in rd.values():
             r.close()
@@ -253,10 +298,7 @@ def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
 
 
 def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tmp_path):
-    names = unique_names({})
-    source = f"{names['app_id']}.src"
-    producers.create_source_topic(bootstrap, source, partitions=4)
-    data = config([source], [{"name": "events", "epsilon": 1.0, "tau": TAU}], names)
+    data, source = counting_pipeline(bootstrap)
     freeze, frozen_env = freezer(tmp_path, "first")
     first = start(
         bootstrap, tmp_path, data, {**FAST_REJOIN, **hooked(tmp_path, FREEZE_HOOK), **frozen_env}
@@ -276,12 +318,7 @@ def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tm
         )
         time.sleep(2)
         kill_frozen(first, freeze)
-        stream.join()
-        total = len(stream.events)
-        wait_until(
-            lambda: (latest(rd["events"]) or 0) >= total, 120, "every event released", second
-        )
-        releases = rd["events"].records[:]
+        releases = released_all(stream, rd, second)
     finally:
         for r in rd.values():
             r.close()
