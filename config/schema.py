@@ -375,7 +375,7 @@ class CellConfig(_Model):
         )
 
 
-_NOT_FOR_USER_STATE = (
+_NOT_FOR_OWN_CAPS = (
     "tau",
     "beta",
     "theta",
@@ -498,7 +498,7 @@ class StatisticConfig(_Model):
             raise ValueError(f"halve_margin: only applies to kind kselect, not {kind}")
         if self.own_caps:
             # Its own mechanism bounds each user's contribution; none of these apply.
-            for name in _NOT_FOR_USER_STATE:
+            for name in _NOT_FOR_OWN_CAPS:
                 if name in self.model_fields_set:
                     raise ValueError(f"{name}: does not apply to kind {kind}")
             return self
