@@ -13,22 +13,13 @@ the ledger states the two counters' split and sensitivities.
 
 from __future__ import annotations
 
-import math
 import random
-import time
 
 import numpy as np
 import orjson
 import pytest
 
-from tests.integration.support import (
-    assert_equal_to_replay,
-    collected,
-    produce_rounds,
-    readers,
-    wait_for_first_release,
-    wait_for_tick,
-)
+from tests.integration.support import rounds_equal_to_replay
 
 pytestmark = pytest.mark.integration
 
@@ -77,24 +68,18 @@ def traffic(rng: random.Random) -> list[dict]:
     return events
 
 
+def run(bootstrap, worker_factory, monkeypatch, data: dict, seed: int):
+    """ROUNDS rounds of ``traffic`` through a worker under a key of ``seed``; the releases
+    equal the replay. (releases per statistic, ledger entries)."""
+    key = np.random.default_rng(seed).bytes(32).hex()
+    worker = worker_factory(data, env={KEY_ENV: key})
+    rng = random.Random(seed)
+    rounds = [traffic(rng) for _ in range(ROUNDS)]
+    return rounds_equal_to_replay(bootstrap, worker, rounds, "latency", KEY_ENV, key, monkeypatch)
+
+
 def test_mean_pipeline_equals_replay_while_levels_activate(bootstrap, worker_factory, monkeypatch):
-    key = np.random.default_rng(5).bytes(32).hex()
-    worker = worker_factory(mean_config(), env={KEY_ENV: key})
-    cfg = worker.cfg
-    rd = readers(bootstrap, worker)
-    rng = random.Random(5)
-    try:
-        wait_for_first_release(worker, rd["latency"])
-        rounds = (traffic(rng) for _ in range(ROUNDS))
-        produce_rounds(bootstrap, cfg, rounds, batch=100, pause=TICK)
-        wait_for_tick(worker, rd, math.floor(time.time() / TICK) + 1)
-        pipeline, ledger, dead = collected(rd, cfg)
-    finally:
-        for r in rd.values():
-            r.close()
-    assert dead == []
-    monkeypatch.setenv(KEY_ENV, key)
-    assert_equal_to_replay(cfg, bootstrap, pipeline, least=ROUNDS)
+    pipeline, ledger = run(bootstrap, worker_factory, monkeypatch, mean_config(), seed=5)
     last = orjson.loads(pipeline["latency"][-1])
     assert last["active_levels"] >= 2, last  # a private median ran in the pipeline
     assert last["samples"] > 1000
@@ -127,23 +112,7 @@ def whole_user_config() -> dict:
 def test_whole_user_mean_pipeline_equals_replay_and_releases_no_exact_count(
     bootstrap, worker_factory, monkeypatch
 ):
-    key = np.random.default_rng(6).bytes(32).hex()
-    worker = worker_factory(whole_user_config(), env={KEY_ENV: key})
-    cfg = worker.cfg
-    rd = readers(bootstrap, worker)
-    rng = random.Random(6)
-    try:
-        wait_for_first_release(worker, rd["latency"])
-        rounds = (traffic(rng) for _ in range(ROUNDS))
-        produce_rounds(bootstrap, cfg, rounds, batch=100, pause=TICK)
-        wait_for_tick(worker, rd, math.floor(time.time() / TICK) + 1)
-        pipeline, ledger, dead = collected(rd, cfg)
-    finally:
-        for r in rd.values():
-            r.close()
-    assert dead == []
-    monkeypatch.setenv(KEY_ENV, key)
-    assert_equal_to_replay(cfg, bootstrap, pipeline, least=ROUNDS)
+    pipeline, ledger = run(bootstrap, worker_factory, monkeypatch, whole_user_config(), seed=6)
     means = [orjson.loads(r) for r in pipeline["latency"]]
     counts = {c["tick"]: c["value"] for c in map(orjson.loads, pipeline["events"])}
     last = means[-1]
