@@ -211,8 +211,9 @@ Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 Kind = Literal["count", "sum", "histogram", "kselect", "distinct", "mean", "cell_mean"]
 # Kinds whose event ``value`` is an integer in [1, R] (R = max_value or bins).
 VALUED_KINDS = ("sum", "histogram", "kselect")
-# Kinds whose stage-1 state is per user (pipeline.stages.UserStatistic), not unit weights.
-USER_STATE_KINDS = ("mean", "cell_mean")
+# Kinds bounded by the caps of their own section (``mean``, ``cells``): tau and the tree
+# parameters do not apply to them.
+OWN_CAP_KINDS = ("mean", "cell_mean")
 
 
 def _check_interval(lower: float, upper: float) -> None:
@@ -225,19 +226,29 @@ def _check_interval(lower: float, upper: float) -> None:
 
 
 class MeanConfig(_Model):
-    """kind mean: the continual mean of George et al. Alg. 6 (user-level, pure epsilon-DP).
+    """kind mean: a user-level running mean of values clipped to [lower, upper].
 
-    Values are clipped to [lower, upper] (and counted). ``max_users`` (n) and
-    ``max_samples_per_user`` (m) are declared caps: the noise is calibrated to them, and a
-    user or sample beyond them is not used, and is counted. The cap on users is split
-    evenly over the events topic's partitions (operators.continual_mean.user_quota).
+    By default (``privacy.public_counts: false``) the whole-user mean
+    (operators.whole_user_mean): each user's first ``max_samples_per_user`` (m) samples
+    are kept, snapped to ``resolution`` grid units, and two tree counters (samples, units)
+    release a noisy count and a noisy sum at epsilon / 2 each; every released number is
+    noised. ``max_users`` and ``delta`` do not apply (no cap on users: the noise does not
+    depend on their number) and are refused.
+
+    With ``privacy.public_counts: true``: the continual mean of George et al. Alg. 6
+    (private only when who sent how many samples when is public). Values are clipped
+    (and counted); ``max_users`` (n, required) and m are declared caps: the noise is
+    calibrated to them, and a user or sample beyond them is not used, and is counted. The
+    cap on users is split evenly over the events topic's partitions
+    (operators.continual_mean.user_quota).
     """
 
     lower: float = 0.0
     upper: float = 1.0
-    max_users: int = Field(ge=1, le=1 << 40)
+    max_users: int | None = Field(None, ge=1, le=1 << 40)  # public counts only
     max_samples_per_user: int = Field(ge=2, le=1 << 30)
-    # Utility failure probability of the clipping intervals (not a privacy parameter).
+    # Public counts only: utility failure probability of the clipping intervals (not a
+    # privacy parameter).
     delta: float = Field(0.1, gt=0, le=1)
     resolution: int = Field(1024, ge=1, le=1 << 20)  # grid units per (upper - lower)
 
@@ -400,7 +411,7 @@ class CellConfig(_Model):
         )
 
 
-_NOT_FOR_USER_STATE = (
+_NOT_FOR_OWN_CAPS = (
     "tau",
     "beta",
     "theta",
@@ -474,14 +485,14 @@ class StatisticConfig(_Model):
         return v
 
     @property
-    def user_state(self) -> bool:
-        """Stage 1 keeps a state per user for it (a mean), not per-user unit counts."""
-        return self.kind in USER_STATE_KINDS
+    def own_caps(self) -> bool:
+        """Bounded by its own section's caps (a mean, per-cell means), not by tau."""
+        return self.kind in OWN_CAP_KINDS
 
     @property
     def user_level(self) -> bool:
         """The contribution bound is tracked privately (Dong-Luo-Yi Alg. 5), not configured."""
-        return self.tau == "auto" and not self.user_state
+        return self.tau == "auto" and not self.own_caps
 
     @property
     def fixed_tau(self) -> int:
@@ -521,9 +532,9 @@ class StatisticConfig(_Model):
             raise ValueError("rank: an integer rank must be >= 1")
         if kind != "kselect" and self.halve_margin:
             raise ValueError(f"halve_margin: only applies to kind kselect, not {kind}")
-        if self.user_state:
+        if self.own_caps:
             # Its own mechanism bounds each user's contribution; none of these apply.
-            for name in _NOT_FOR_USER_STATE:
+            for name in _NOT_FOR_OWN_CAPS:
                 if name in self.model_fields_set:
                     raise ValueError(f"{name}: does not apply to kind {kind}")
             return self
@@ -566,8 +577,9 @@ class StatisticConfig(_Model):
             raise ValueError("horizon_ticks: required for mechanism auto")
         return self
 
-    def terms(self) -> StatisticTerms:
-        """What the accountant (``operators.accounting``) needs to charge this statistic."""
+    def terms(self, public_counts: bool = False) -> StatisticTerms:
+        """What the accountant (``operators.accounting``) needs to charge this statistic;
+        ``public_counts`` is the pipeline's ``privacy.public_counts`` (a mean's algorithm)."""
         from fractions import Fraction
 
         from dpstream.operators.accounting import StatisticTerms
@@ -575,7 +587,7 @@ class StatisticConfig(_Model):
         def exact(x: float) -> Fraction:
             return Fraction(repr(x))  # the decimal the user wrote: 0.1 is 1/10
 
-        cells = self.cells
+        cells, mean = self.cells, self.mean
         return StatisticTerms(
             name=self.name,
             kind=self.kind,
@@ -585,7 +597,11 @@ class StatisticConfig(_Model):
             delay=self.delay,
             horizon_ticks=self.horizon_ticks,
             epoch_cap=None if cells is None else exact(cells.epoch_cap),
-            counts_public=cells is not None and cells.counts_public,
+            counts_public=(
+                cells.counts_public if cells is not None else mean is not None and public_counts
+            ),
+            max_samples=None if mean is None else mean.max_samples_per_user,
+            resolution=None if mean is None else mean.resolution,
         )
 
 
@@ -595,8 +611,9 @@ class PrivacyConfig(_Model):
     total_epsilon: float = Field(gt=0)
     neighbours: Neighbours = Neighbours.whole_user
     # True: who sent how many events when is public and only values are protected (the
-    # continual mean, per-cell means with counts_public). Such a pipeline holds only
-    # statistics of that relation, and every release says so (docs/security.md).
+    # continual mean of George et al., per-cell means with counts_public). Such a pipeline
+    # holds only statistics of that relation, and every release says so
+    # (docs/security.md). False (default): a mean is the whole-user mean.
     public_counts: bool = False
 
 
@@ -634,11 +651,43 @@ class PipelineConfig(_Model):
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise ValueError(f"statistics[{i}].name: duplicate statistic name {name!r}")
+        self._check_mean_modes()
         try:
             self.privacy_statement()
         except StatementError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    def _check_mean_modes(self) -> None:
+        """The fields of George et al.'s mean have no meaning for the whole-user mean: a
+        config that sets them expects a cap that would not hold, so it is refused."""
+        for i, stat in enumerate(self.statistics):
+            mean = stat.mean
+            if mean is None:
+                continue
+            if self.privacy.public_counts and mean.max_users is None:
+                raise ValueError(
+                    f"statistics[{i}].mean.max_users: required with privacy.public_counts: "
+                    "true (George et al.'s cap on users)"
+                )
+            if not self.privacy.public_counts:
+                for name in ("max_users", "delta"):
+                    if name in mean.model_fields_set:
+                        raise ValueError(
+                            f"statistics[{i}].mean.{name}: applies only with "
+                            "privacy.public_counts: true (George et al.'s continual mean); "
+                            "the whole-user mean bounds each user by max_samples_per_user "
+                            "alone and its noise does not depend on the number of users"
+                        )
+
+    def user_state(self, stat: StatisticConfig) -> bool:
+        """Stage 1 keeps a state per user for ``stat`` (pipeline.statistic.UserStatistic:
+        per-cell means, George et al.'s mean), not per-user unit counts."""
+        return stat.kind == "cell_mean" or (stat.kind == "mean" and self.privacy.public_counts)
+
+    def whole_user_mean(self, stat: StatisticConfig) -> bool:
+        """``stat`` is a mean run as the whole-user mean (operators.whole_user_mean)."""
+        return stat.kind == "mean" and not self.privacy.public_counts
 
     def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
         """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
@@ -649,7 +698,7 @@ class PipelineConfig(_Model):
 
         return accounting.statement(
             self.app_id,
-            [s.terms() for s in self.statistics],
+            [s.terms(self.privacy.public_counts) for s in self.statistics],
             self.privacy.neighbours.value,
             self.privacy.public_counts,
             Fraction(repr(self.privacy.total_epsilon)),
@@ -658,9 +707,10 @@ class PipelineConfig(_Model):
 
     def statistic_parameters(self, stat: StatisticConfig) -> dict[str, object]:
         """Everything that shapes ``stat``'s noise or sensitivity: its whole definition,
-        the pipeline's relation and the tick length (steps count ticks); for a mean, the
-        partitions too (its user cap is split over them; other kinds are the same for
-        any partition count). Its fingerprint is its identity."""
+        the pipeline's relation and the tick length (steps count ticks); for George et
+        al.'s mean, the partitions too (its user cap is split over them; other kinds are
+        the same for any partition count); for the whole-user mean, its mechanism and the
+        sensitivities of its two counters. Its fingerprint is its identity."""
         out: dict[str, object] = {
             "app_id": self.app_id,
             "statistic": stat.model_dump(mode="json", by_alias=True),
@@ -668,7 +718,19 @@ class PipelineConfig(_Model):
             "public_counts": self.privacy.public_counts,
             "interval_seconds": self.ticks.interval_seconds,
         }
-        if stat.kind == "mean":
+        if self.whole_user_mean(stat):
+            from dpstream.operators import accounting, whole_user_mean
+
+            mean = stat.mean
+            assert mean is not None
+            multiplier = accounting.sensitivity_multiplier(self.privacy.neighbours.value)
+            out["mechanism"] = whole_user_mean.MECHANISM
+            out["sensitivities"] = list(
+                whole_user_mean.sensitivities(
+                    mean.max_samples_per_user, mean.resolution, multiplier
+                )
+            )
+        elif stat.kind == "mean":
             out["partitions"] = self.input.partitions
         return out
 

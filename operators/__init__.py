@@ -27,6 +27,7 @@ from . import (
     tree_counter,
     truncation,
     user_level,
+    whole_user_mean,
 )
 from .errors import BudgetExceededError, DpStreamError, InvalidOperatorConfig, StateSchemaError
 from .noise import CachedNoise, KeyedNoise, NoiseSource, RecordingNoise, SeededNoise, ZeroNoise
@@ -66,4 +67,5 @@ __all__ = [
     "tree_counter",
     "truncation",
     "user_level",
+    "whole_user_mean",
 ]

@@ -14,10 +14,13 @@ tree counters all ask this module.
   Differential Privacy", IEEE S&P 2023, the remark on neighbouring definitions), so every
   sensitivity doubles (:func:`sensitivity_multiplier`).
 * ``public_counts``: who sent how many events when is public; only values are protected.
-  The continual mean (George, Ramesh, Singh, Tyagi, "Continual Mean Estimation Under
+  The continual mean of George, Ramesh, Singh, Tyagi ("Continual Mean Estimation Under
   User-Level Privacy", arXiv:2212.09980: Algs. 4-6 use un-noised arrival counts) and the
   per-cell mean mechanisms of Rameshwar et al. (arXiv:2405.06261, Sec. II-D: a public count
   matrix) are private under this relation only, and their releases carry exact counts.
+  ``kind: mean`` runs George et al.'s algorithm only in a public-counts pipeline; by
+  default it is the whole-user mean (``whole_user_mean``: a noisy sum over a noisy count,
+  both tree counters, epsilon / 2 each), which releases no exact count.
 
 A whole-user statistic protects exactly what a public-counts statistic publishes, so the
 two never share one ``total_epsilon``: a pipeline declares ``privacy.public_counts`` and
@@ -45,15 +48,12 @@ from typing import Any
 
 import orjson
 
-from . import expiring_tree
+from . import expiring_tree, whole_user_mean
 from .errors import DpStreamError
 
 WHOLE_USER = "whole_user"
 ANY_SUBSET = "any_subset"
 PUBLIC_COUNTS = "public_counts"
-
-# Kinds whose guarantee treats arrivals as public (George et al. Algs. 4-6).
-_PUBLIC_ARRIVAL_KINDS = frozenset({"mean"})
 
 
 class StatementError(DpStreamError, ValueError):
@@ -75,7 +75,10 @@ class StatisticTerms:
         mechanism: the tree (binary, kary, kary_subtract, expiring, auto).
         lam, delay, horizon_ticks: the expiring tree's lambda, delay and charged age.
         epoch_cap: cell_mean's B per accounting epoch.
-        counts_public: cell_mean's public-counts model.
+        counts_public: cell_mean's public-counts model; for a mean, George et al.'s
+            algorithm (the pipeline's ``privacy.public_counts``) instead of the
+            whole-user mean.
+        max_samples, resolution: the whole-user mean's m and R (its sensitivities).
     """
 
     name: str
@@ -87,6 +90,8 @@ class StatisticTerms:
     horizon_ticks: int | None = None
     epoch_cap: Fraction | None = None
     counts_public: bool = False
+    max_samples: int | None = None
+    resolution: int | None = None
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,7 @@ def sensitivity_multiplier(relation: str) -> int:
 
 def charge_of(terms: StatisticTerms, relation: str) -> Charge:
     """What one user can lose through the statistic ``terms`` under ``relation``."""
-    if terms.kind in _PUBLIC_ARRIVAL_KINDS:
+    if terms.kind == "mean" and terms.counts_public:
         return Charge(
             terms.name,
             PUBLIC_COUNTS,
@@ -213,6 +218,18 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
             True,
             "continual mean: medians and binary mechanisms by basic composition",
         )
+    if terms.kind == "mean":
+        assert terms.max_samples is not None and terms.resolution is not None
+        count, units = whole_user_mean.sensitivities(
+            terms.max_samples, terms.resolution, sensitivity_multiplier(relation)
+        )
+        half = float(terms.epsilon / 2)
+        basis = (
+            f"whole-user mean: kept-samples counter at {half:g} (sensitivity {count}) + "
+            f"grid-units counter at {half:g} (sensitivity {units}), tree counters over the "
+            "whole infinite stream"
+        )
+        return Charge(terms.name, relation, terms.epsilon, False, False, basis)
     if terms.kind == "cell_mean":
         assert terms.epoch_cap is not None
         return Charge(
@@ -268,7 +285,7 @@ def statement(
     charges = tuple(charge_of(t, relation) for t in statistics)
     for i, (terms, charge) in enumerate(zip(statistics, charges, strict=True)):
         if charge.exact_counts and not public_counts:
-            where = "kind" if terms.kind in _PUBLIC_ARRIVAL_KINDS else "cells.counts_public"
+            where = "kind" if terms.kind == "mean" else "cells.counts_public"
             raise StatementError(
                 f"statistics[{i}].{where}",
                 f"{terms.name!r} is private only with its counts public (who sent how many "

@@ -92,6 +92,7 @@ from .cell_accountant import CellCharge
 from .errors import DpStreamError
 from .exponential_mechanism import NoiseBits
 from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance, node_bytes
+from .release import ratio_bounds
 from .snapping import Grid, make_grid, to_units
 
 MECHANISM = "cell_mean"
@@ -806,15 +807,11 @@ def _ratio_interval(
     h_s = chernoff_interval([sum_scale], 0.025)
     h_n = chernoff_interval([count_scale], 0.025)
     lo, hi = float(spec.lo), float(spec.hi)
-    n_low = noisy_count - h_n
-    if n_low < 1:
+    box = ratio_bounds(noisy_sum, noisy_count, h_s, h_n)
+    if box is None:
         return float(spec.value_range)
     mid = (lo + hi) / 2
-    corners = [
-        mid + s / (2 * n)
-        for s in (noisy_sum - h_s, noisy_sum + h_s)
-        for n in (n_low, noisy_count + h_n)
-    ]
-    low, high = max(min(corners), lo), min(max(corners), hi)
+    # mid + s / (2n) is monotone in s / n: its extremes are the box's.
+    low, high = max(mid + box[0] / 2, lo), min(mid + box[1] / 2, hi)
     e = float(estimate)
     return max(e - low, high - e, 0.0)

@@ -109,6 +109,7 @@ from . import binary_mechanism as bm
 from . import private_median as pm
 from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance, node_bytes
 from .release import Term
+from .snapping import clip_to_grid
 
 MECHANISM = "continual_mean"
 
@@ -457,19 +458,7 @@ def to_units(spec: ContinualMeanSpec, x: float | int | Fraction) -> tuple[int, b
 
     Exact: the binary double is read as a rational. NaN counts as clipped to ``lower``.
     """
-    if x == spec.lower:
-        return 0, False
-    if x == spec.upper:
-        return spec.resolution, False
-    if isinstance(x, float) and not math.isfinite(x):
-        return (spec.resolution, True) if x == math.inf else (0, True)
-    value = Fraction(x)
-    if value < spec.lower:
-        return 0, True
-    if value > spec.upper:
-        return spec.resolution, True
-    y = (value - spec.lower) / (spec.upper - spec.lower)
-    return math.floor(y * spec.resolution + Fraction(1, 2)), False
+    return clip_to_grid(spec.lower, spec.upper, spec.resolution, x)
 
 
 # ---------------------------------------------------------------------------------------

@@ -58,3 +58,24 @@ def noisy_release(t: int, exact: int, terms: Sequence[Term], noise: NoiseSource)
 def interval(value: float, half_width: float) -> list[float]:
     """The released interval ``[value - h, value + h]`` of an error bar's half-width ``h``."""
     return [value - half_width, value + half_width]
+
+
+def ratio_bounds(num: float, den: float, h_num: float, h_den: float) -> tuple[float, float] | None:
+    """The range (min, max) of s / c over the box s in [num - h_num, num + h_num],
+    c in [den - h_den, den + h_den]; None when the box reaches c < 1.
+
+    For c >= 1 the ratio is monotone in s and in c, so its extremes are at the corners. If
+    the exact numerator and denominator lie in the box (e.g. both noises inside their
+    Chernoff bounds), their exact ratio lies in the range.
+
+    Example:
+        >>> ratio_bounds(10, 5, 2, 1)
+        (1.3333333333333333, 3.0)
+        >>> ratio_bounds(10, 1.5, 2, 1) is None
+        True
+    """
+    low = den - h_den
+    if low < 1:
+        return None
+    corners = [s / c for s in (num - h_num, num + h_num) for c in (low, den + h_den)]
+    return min(corners), max(corners)

@@ -56,3 +56,37 @@ def unit_sensitivity(grid: Grid, delta: float | int | str | Fraction) -> int:
 def from_units(grid: Grid, units: int) -> float:
     """A released unit count back in value units (post-processing of a private value)."""
     return float(units * grid.step)
+
+
+def clip_to_grid(
+    lower: Fraction, upper: Fraction, resolution: int, x: float | int | Fraction
+) -> tuple[int, bool]:
+    """(q, clipped): ``x`` clipped to [lower, upper] and snapped to the grid of
+    ``resolution`` units over that range, q = floor((x - lower) / (upper - lower) * R + 1/2)
+    in {0, ..., R}; ``clipped`` says whether x lay outside [lower, upper].
+
+    Exact: the binary double is read as a rational, so the same x always gives the same q
+    (no floating-point rounding that could differ between runs or machines). NaN counts
+    as clipped to ``lower``.
+
+    Example:
+        >>> clip_to_grid(Fraction(0), Fraction(100), 4, 40.0)
+        (2, False)
+        >>> clip_to_grid(Fraction(0), Fraction(100), 4, 37.4)
+        (1, False)
+        >>> clip_to_grid(Fraction(0), Fraction(100), 4, 250.0)
+        (4, True)
+    """
+    if x == lower:
+        return 0, False
+    if x == upper:
+        return resolution, False
+    if isinstance(x, float) and not math.isfinite(x):
+        return (resolution, True) if x == math.inf else (0, True)
+    value = Fraction(x)
+    if value < lower:
+        return 0, True
+    if value > upper:
+        return resolution, True
+    y = (value - lower) / (upper - lower)
+    return math.floor(y * resolution + Fraction(1, 2)), False

@@ -70,13 +70,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
-        print(f"  {s.name}: {_describe(s)} -> {cfg.release_topic(s.name)}")
+        print(f"  {s.name}: {_describe(s, cfg)} -> {cfg.release_topic(s.name)}")
     for line in statement.describe():
         print(f"  {line}")
     return 0
 
 
-def _describe(s: StatisticConfig) -> str:
+def _describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
     """What a statistic computes, in one line (its cost is the statement's)."""
     if s.cells is not None:
         c = s.cells
@@ -85,6 +85,14 @@ def _describe(s: StatisticConfig) -> str:
             f"cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per cell, cells by "
             f"{c.field!r} x {c.slot_ticks}-tick slots, epoch_cap={c.epoch_cap:g} per "
             f"{c.epoch_slots} slots"
+        )
+    if s.mean is not None and cfg.whole_user_mean(s):
+        m = s.mean
+        return (
+            f"whole-user mean of values in [{m.lower:g}, {m.upper:g}] on {m.resolution} grid "
+            f"units, epsilon={s.epsilon:g} (half to the noisy count of kept samples, half to "
+            f"their noisy sum), each user's first {m.max_samples_per_user} samples; releases "
+            "no exact count"
         )
     if s.mean is not None:
         m = s.mean

@@ -1,9 +1,15 @@
-"""kind mean: George et al.'s continual mean (``operators.continual_mean``) as a UserStatistic.
+"""kind mean, glue only: its two modes, chosen by the pipeline's ``privacy.public_counts``.
 
-Glue only: states to and from JSON, the partition's users handed over in rank order.
-Stage 1 keeps each user's ``UserState`` in the user's entry and the partition's
-``PartitionState`` in the partition state; at a marker it sends the partition's
-``TickMessage``; stage 2 merges the partitions' messages and steps the ``MeanState``.
+* Default: the whole-user mean (``operators.whole_user_mean``), which flows like a sum
+  with a fixed tau. Stage 1 (``pipeline.stages``) keeps each user's sample count and
+  adds, per kept sample, "c" = 1 and "s" = its grid units to the tick's weights; stage 2
+  steps the two counters (``WholeUserMeanCounter``).
+* ``public_counts: true``: George et al.'s continual mean (``operators.continual_mean``)
+  as a UserStatistic (``ContinualMeanStatistic``): states to and from JSON, the
+  partition's users handed over in rank order. Stage 1 keeps each user's ``UserState``
+  in the user's entry and the partition's ``PartitionState`` in the partition state; at
+  a marker it sends the partition's ``TickMessage``; stage 2 merges the partitions'
+  messages and steps the ``MeanState``.
 """
 
 from __future__ import annotations
@@ -14,13 +20,87 @@ from fractions import Fraction
 from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.operators import accounting, state_codec
 from dpstream.operators import continual_mean as cm
+from dpstream.operators import whole_user_mean as wum
 from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import interval
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
 from .statistic import Report
+
+
+def whole_user_mean_spec(stat: StatisticConfig, cfg: PipelineConfig) -> wum.WholeUserMeanSpec:
+    """The operator spec of a default ``kind: mean`` (stage 1 and stage 2 share it)."""
+    mean = stat.mean
+    assert mean is not None
+    return wum.make_whole_user_mean(
+        Fraction(repr(stat.epsilon)),  # the decimal the user wrote
+        mean.max_samples_per_user,
+        Fraction(repr(mean.lower)),
+        Fraction(repr(mean.upper)),
+        mean.resolution,
+        (stat.name, 0),
+        accounting.sensitivity_multiplier(cfg.privacy.neighbours.value),
+    )
+
+
+# Stage 1's weight keys: kept samples C_t and their grid units S_t.
+SAMPLES, UNITS = "c", "s"
+
+
+def whole_user_mean_weights(spec: wum.WholeUserMeanSpec, used: int, x: float) -> dict[str, int]:
+    """Stage 1's weights for one sample of a user who sent ``used`` before (no zeros)."""
+    samples, units = wum.admit(spec, used, x)
+    return {k: v for k, v in ((SAMPLES, samples), (UNITS, units)) if v}
+
+
+@dataclass(frozen=True)
+class WholeUserMeanCounter:
+    """Stage 2 of a default ``kind: mean``: its two counters, stepped once per tick."""
+
+    spec: wum.WholeUserMeanSpec
+    mechanism: str = wum.MECHANISM
+
+    def step(
+        self, state_json: dict | None, weights: dict[str, int], noise: NoiseSource
+    ) -> tuple[dict, dict[str, Any]]:
+        """(new state, release fields): no exact data-dependent number among the fields."""
+        spec = self.spec
+        state = (
+            wum.init(spec)
+            if state_json is None
+            else state_codec.from_json(wum.WholeUserMeanState, state_json)
+        )
+        samples, units = weights.get(SAMPLES, 0), weights.get(UNITS, 0)
+        state, rel = wum.step(spec, state, samples, units, noise)
+        count = rel.samples
+        fields = {
+            "step": rel.t,
+            "value": rel.value,  # None while the noisy count is below 1
+            "std": rel.std,
+            "interval": rel.interval,
+            "samples": count.value,  # noisy
+            "samples_std": count.std,
+            "samples_interval": interval(count.value, count.ci95),
+            "max_samples_per_user": spec.max_samples,
+            "bounds": [float(spec.lower), float(spec.upper)],
+        }
+        return state_codec.to_json(state), fields
+
+    def ledger_start(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "note": (
+                "whole-user mean over the whole infinite stream: a kept-samples counter "
+                "and a grid-units counter at epsilon/2 each (basic composition)"
+            ),
+            "split": {"samples": float(spec.samples.epsilon), "units": float(spec.units.epsilon)},
+            "sensitivities": [spec.samples.sensitivity, spec.units.sensitivity],
+            "max_samples_per_user": spec.max_samples,
+            "resolution": spec.resolution,
+        }
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from dpstream.operators import accounting, truncation, user_level
 from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 from dpstream.operators.release import interval
+from dpstream.operators.whole_user_mean import WholeUserMeanSpec
 
+from .means import WholeUserMeanCounter, whole_user_mean_spec, whole_user_mean_weights
 from .mechanisms import (
     Counter,
     UserLevelCounter,
@@ -36,7 +38,8 @@ from .statistic import Report, Users, UserStatistic
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+# 3: the default kind mean (whole-user mean) releases noisy samples, no exact counts.
+SCHEMA_VERSION = 3
 
 
 class StatisticChanged(DpStreamError):
@@ -56,11 +59,15 @@ class _Counted:
     name: str
     key: str | None
     kind: str
-    fixed: truncation.TruncationSpec | None  # None: user-level (rank bands)
+    fixed: truncation.TruncationSpec | None  # None: user-level (rank bands) or a mean
     deletions: bool
+    mean: WholeUserMeanSpec | None = None  # the whole-user mean (its own first-m cap)
 
     @classmethod
-    def of(cls, stat: StatisticConfig) -> _Counted:
+    def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> _Counted:
+        if cfg.whole_user_mean(stat):
+            mean = whole_user_mean_spec(stat, cfg)
+            return cls(stat.name, stat.key, stat.kind, None, False, mean)
         fixed = None if stat.user_level else truncation.make_truncation(stat.fixed_tau)
         return cls(stat.name, stat.key, stat.kind, fixed, stat.deletions)
 
@@ -141,10 +148,14 @@ class _Counted:
         weights holds no zero entries.
 
         Fixed tau: "w" = the kept units (Alg. 3, partial for a straddling sum item).
+        Whole-user mean: "c" = 1 and "s" = its grid units for one of the user's first m
+        samples (``means.whole_user_mean_weights``); units count samples.
         User-level: "<stream>b<band>/<bin>" = units by rank band (operators.user_level),
         "<stream>x<j>" = 1 when the user's total passes 2^j (Count(D_t, 2^j) gains the
         user); distinct count: "b<band>/<value>" for the value instead of a bin.
         """
+        if self.mean is not None:
+            return 1, whole_user_mean_weights(self.mean, used, event.value)  # type: ignore[arg-type]
         units = int(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
         if self.fixed is not None:
             kept = truncation.admit(self.fixed, used, units)
@@ -165,8 +176,8 @@ class Stage1:
     crossing each power of two for the user-level mechanisms (Alg. 5)."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
-        self._stats = [_Counted.of(s) for s in cfg.statistics if not s.user_state]
-        self._user_stats = [user_statistic_for(s, cfg) for s in cfg.statistics if s.user_state]
+        self._stats = [_Counted.of(s, cfg) for s in cfg.statistics if not cfg.user_state(s)]
+        self._user_stats = [user_statistic_for(s, cfg) for s in cfg.statistics if cfg.user_state(s)]
 
     @staticmethod
     def new_partition_state() -> dict:
@@ -333,9 +344,13 @@ class Stage2:
         statement = cfg.privacy_statement()
         self._charges = {c.statistic: c for c in statement.charges}
 
-    def _counter_for(self, stat: StatisticConfig) -> Counter | UserLevelCounter | UserStatistic:
-        if stat.user_state:
+    def _counter_for(
+        self, stat: StatisticConfig
+    ) -> Counter | UserLevelCounter | WholeUserMeanCounter | UserStatistic:
+        if self._cfg.user_state(stat):
             return user_statistic_for(stat, self._cfg)
+        if self._cfg.whole_user_mean(stat):
+            return WholeUserMeanCounter(whole_user_mean_spec(stat, self._cfg))
         relation = self._cfg.privacy.neighbours.value
         if stat.user_level:
             return user_level_counter_for(stat, relation == Neighbours.any_subset)
@@ -466,6 +481,9 @@ class Stage2:
             sstate["tree"], fields, spent = counter.step(sstate["tree"], pending, noise)
             entries = [] if spent is None else [self._spent_entry(stat, tick, fields, spent)]
             return [self._release_record(stat, tick, fields)], entries
+        if isinstance(counter, WholeUserMeanCounter):
+            sstate["tree"], fields = counter.step(sstate["tree"], pending, noise)
+            return [self._release_record(stat, tick, fields)], []
         if not isinstance(counter, Counter):
             sstate["tree"], out, entries = counter.step(
                 sstate["tree"], pending or None, tick, noise
@@ -549,7 +567,7 @@ class Stage2:
             "start_tick": tick,
         }
         if not isinstance(counter, Counter | UserLevelCounter):
-            del entry["tau"]
+            del entry["tau"]  # its own caps bound each user
             return {**entry, **counter.ledger_start()}
         if isinstance(counter, UserLevelCounter):
             entry["note"] = (

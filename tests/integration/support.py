@@ -4,6 +4,7 @@ A plain module, so that no test module imports another."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -141,6 +142,35 @@ def assert_equal_to_replay(cfg, bootstrap: str, pipeline: dict[str, list[bytes]]
     for name, released in pipeline.items():
         assert len(released) >= least, name
         assert replayed[name][: len(released)] == released, name  # byte for byte
+
+
+def rounds_equal_to_replay(
+    bootstrap: str,
+    worker: WorkerProcess,
+    rounds: Iterable[list[dict]],
+    first: str,
+    key_env: str,
+    key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[dict[str, list[bytes]], list]:
+    """Wait for ``first``'s first release, produce ``rounds`` a tick apart, wait for the
+    next tick's releases, then check them (at least one per round, no dead letters)
+    against the replay under ``key``; (releases per statistic, ledger entries)."""
+    cfg = worker.cfg
+    rd = readers(bootstrap, worker)
+    rounds = list(rounds)
+    try:
+        wait_for_first_release(worker, rd[first])
+        produce_rounds(bootstrap, cfg, rounds, batch=100, pause=cfg.ticks.interval_seconds)
+        wait_for_tick(worker, rd, math.floor(time.time() / cfg.ticks.interval_seconds) + 1)
+        pipeline, ledger, dead = collected(rd, cfg)
+    finally:
+        for r in rd.values():
+            r.close()
+    assert dead == []
+    monkeypatch.setenv(key_env, key)
+    assert_equal_to_replay(cfg, bootstrap, pipeline, least=len(rounds))
+    return pipeline, ledger
 
 
 def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:

@@ -761,13 +761,13 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
 
 
 def assigned_input_partitions(worker: WorkerProcess) -> set[int]:
-    """The input partitions of the worker's latest assignment, from Faust's INFO log."""
+    """The events-topic partitions of the worker's latest assignment, from Faust's INFO log."""
     text = worker.log_path.read_text(errors="replace")
     return assigned_partitions(text, worker.cfg.events_topic)
 
 
 def test_two_workers_one_dies_the_survivor_takes_over(bootstrap, tmp_path):
-    """4 input partitions, 2 workers of one app; while events stream in, one worker is
+    """4 events-topic partitions, 2 workers of one app; while events stream in, one worker is
     SIGKILLed. The survivor takes over its partitions, restores their table state from
     the changelogs, and the releases equal the replay's byte for byte.
 

@@ -72,23 +72,54 @@ MEAN = {
     "name": "latency",
     "kind": "mean",
     "epsilon": 1.0,
-    "mean": {"max_users": 100, "max_samples_per_user": 8},
+    "mean": {"max_samples_per_user": 8},
 }
+GEORGE_MEAN = {**MEAN, "mean": {"max_users": 100, "max_samples_per_user": 8}}
 
 
 def test_check_config_states_public_counts_and_refuses_a_mix(tmp_path):
     public = {**GOOD, "privacy": {"total_epsilon": 1.0, "public_counts": True}}
-    out = run("check-config", write(tmp_path, {**public, "statistics": [MEAN]}))
+    out = run("check-config", write(tmp_path, {**public, "statistics": [GEORGE_MEAN]}))
     assert out.returncode == 0, out.stderr
     assert "privacy statement (public_counts neighbours):" in out.stdout
     assert "PUBLIC COUNTS: who sent how many events when is NOT protected" in out.stdout
-    # A count beside the mean: its exact truncated value would be the mean's "samples".
-    mixed = {**GOOD, "privacy": {"total_epsilon": 2.0}}
-    mixed["statistics"] = [*GOOD["statistics"], MEAN]
-    out = run("check-config", write(tmp_path, mixed))
-    assert out.returncode == 2
-    assert "statistics[1].kind: 'latency' is private only with its counts public" in out.stderr
-    mixed["privacy"] = {"total_epsilon": 2.0, "public_counts": True}
+    assert "continual mean (George et al., Alg. 6)" in out.stdout
+    # A count beside George et al.'s mean: its exact truncated value would be "samples".
+    mixed = {**GOOD, "privacy": {"total_epsilon": 2.0, "public_counts": True}}
+    mixed["statistics"] = [*GOOD["statistics"], GEORGE_MEAN]
     out = run("check-config", write(tmp_path, mixed))
     assert out.returncode == 2
     assert "statistics[0]: 'events' (count) protects whole users" in out.stderr
+    # Its caps on users mean nothing to the whole-user mean: refused, the field named.
+    mixed["privacy"] = {"total_epsilon": 2.0}
+    out = run("check-config", write(tmp_path, mixed))
+    assert out.returncode == 2
+    assert "statistics[1].mean.max_users: applies only with privacy.public_counts" in out.stderr
+
+
+def test_check_config_accepts_the_review_reproduction_with_the_whole_user_mean(tmp_path):
+    # Issue 13 item 3: a count with tau 8 and a default mean with m = 8 over the same
+    # events, one total_epsilon; the mean releases no exact count.
+    pair = {**GOOD, "privacy": {"total_epsilon": 2.0}}
+    pair["statistics"] = [{"name": "events", "epsilon": 1.0, "tau": 8}, MEAN]
+    out = run("check-config", write(tmp_path, pair))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "latency: whole-user mean of values in [0, 1] on 1024 grid units, epsilon=1 (half to "
+        "the noisy count of kept samples, half to their noisy sum), each user's first 8 "
+        "samples; releases no exact count -> dp.latency" in out.stdout
+    )
+    assert "privacy statement (whole_user neighbours):" in out.stdout
+    assert (
+        "latency: 1 (whole_user; whole-user mean: kept-samples counter at 0.5 (sensitivity "
+        "8) + grid-units counter at 0.5 (sensitivity 8192), tree counters over the whole "
+        "infinite stream)" in out.stdout
+    )
+    assert "one user can lose at most 2 over the whole stream (basic composition)" in out.stdout
+    assert "PUBLIC COUNTS" not in out.stdout
+    pair["privacy"] = {"total_epsilon": 2.0, "neighbours": "any_subset"}
+    out = run("check-config", write(tmp_path, pair))
+    assert out.returncode == 0, out.stderr
+    assert "counter at 0.5 (sensitivity 16) + grid-units counter at 0.5 (sensitivity 16384)" in (
+        out.stdout
+    )
