@@ -236,7 +236,13 @@ class Ingest:
     def step(self, timeout: float) -> int:
         """One batch; returns how many source records it held."""
         records = []
-        for msg in self._consumer.consume(self._cfg.input.ingest_batch, timeout):
+        # poll waits for the first record only; consume(n, 0) then takes what is already
+        # fetched (consume(n, timeout) would wait out its timeout unless n records came).
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return 0
+        rest = self._consumer.consume(self._cfg.input.ingest_batch - 1, 0)
+        for msg in (first, *rest):
             error = msg.error()
             if error is not None:
                 if error.fatal():

@@ -182,37 +182,42 @@ def test_the_ingest_in_a_thread_or_its_own_process(bootstrap, tmp_path, where):
 
 
 class Stream:
-    """Events from 200 users produced into a source topic at about ``rate`` per second,
-    by confluent-kafka at its defaults, in a background thread."""
+    """Events from 200 users produced into a source topic at about ``rate`` per second, by
+    confluent-kafka at its defaults, in a background thread, until ``stop``."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, seconds: float) -> None:
-        rng = random.Random(9)
-        self.events = [
-            {"user_id": f"u{int(rng.paretovariate(1.2)) % 200:03d}"}
-            for _ in range(int(rate * seconds))
-        ]
+    def __init__(self, bootstrap: str, topic: str, rate: float) -> None:
+        self.events: list[dict] = []
         self._args = (bootstrap, topic)
         self._chunk = max(1, int(rate / 10))
+        self._rng = random.Random(9)
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.error: BaseException | None = None
 
     def _run(self) -> None:
         try:
-            for i in range(0, len(self.events), self._chunk):
-                producers.produce_confluent_default(
-                    *self._args, self.events[i : i + self._chunk], keyed=True
-                )
+            while not self._stop.is_set():
+                chunk = [
+                    {"user_id": f"u{int(self._rng.paretovariate(1.2)) % 200:03d}"}
+                    for _ in range(self._chunk)
+                ]
+                producers.produce_confluent_default(*self._args, chunk, keyed=True)
+                self.events += chunk
                 time.sleep(0.1)
-        except BaseException as exc:  # reported by join()
+        except BaseException as exc:  # reported by stop()
             self.error = exc
 
     def start(self) -> Stream:
         self._thread.start()
         return self
 
-    def join(self) -> None:
-        self._thread.join(120)
+    def stop(self) -> None:
+        self.close()
+        self._thread.join(60)
         assert self.error is None, self.error
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def check_exact(cfg, bootstrap: str, events: list[dict], releases: list[bytes]) -> None:
@@ -260,12 +265,25 @@ def counting_pipeline(bootstrap: str) -> tuple[dict, str]:
 
 
 def released_all(stream: Stream, rd: dict, worker: WorkerProcess) -> list[bytes]:
-    """Once the stream has been produced: the releases up to the one counting it all."""
-    stream.join()
+    """Stop the stream; the releases up to the one counting all it produced."""
+    stream.stop()
     wait_until(
         lambda: (latest(rd["events"]) or 0) >= len(stream.events), 120, "every event", worker
     )
     return rd["events"].records[:]
+
+
+def running(worker: WorkerProcess, rd: dict) -> None:
+    """Until the worker's ingest has source partitions and its stages release ticks that
+    began after it started (a kill then hits a running pipeline, not a recovery)."""
+    started = time.time()
+    wait_until(lambda: b"ingest assigned" in worker.log_path.read_bytes(), 60, "ingest", worker)
+    wait_until(
+        lambda: any(r["tick_end_unix"] > started + 2 * TICK for r in rd["events"].drain()),
+        60,
+        "releases after the start",
+        worker,
+    )
 
 
 def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
@@ -277,12 +295,12 @@ def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
     stream = None
     try:
         wait_until(lambda: rd["events"].drain() != [], 90, "the first release", worker)
-        stream = Stream(bootstrap, source, rate=3000, seconds=8).start()
+        stream = Stream(bootstrap, source, rate=3000).start()
         # Killed after an acknowledged, uncommitted batch; at a random moment; again after
         # an acknowledged batch. Each time a new worker takes over.
         for pause, frozen in ((1.0, True), (1.7, False), (0.5, True)):
+            running(worker, rd)
             time.sleep(pause)
-            worker.assert_running()
             if frozen:
                 kill_frozen(worker, freeze)
             else:
@@ -291,6 +309,8 @@ def test_sigkill_during_ingest_loses_and_doubles_nothing(bootstrap, tmp_path):
             worker = start(bootstrap, tmp_path, data, env)
         releases = released_all(stream, rd, worker)
     finally:
+        if stream is not None:
+            stream.close()
         for r in rd.values():
             r.close()
         worker.stop()
@@ -304,11 +324,11 @@ def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tm
         bootstrap, tmp_path, data, {**FAST_REJOIN, **hooked(tmp_path, FREEZE_HOOK), **frozen_env}
     )
     rd = readers(bootstrap, first)
-    second = None
+    second = stream = None
     try:
         wait_until(lambda: rd["events"].drain() != [], 90, "the first release", first)
         second = start(bootstrap, tmp_path, data, dict(FAST_REJOIN))
-        stream = Stream(bootstrap, source, rate=3000, seconds=10).start()
+        stream = Stream(bootstrap, source, rate=3000).start()
         # Both ingests in the group: each worker's log names its source partitions.
         wait_until(
             lambda: all(b"ingest assigned" in w.log_path.read_bytes() for w in (first, second)),
@@ -320,6 +340,8 @@ def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tm
         kill_frozen(first, freeze)
         releases = released_all(stream, rd, second)
     finally:
+        if stream is not None:
+            stream.close()
         for r in rd.values():
             r.close()
         first.stop()
