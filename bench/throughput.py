@@ -1240,7 +1240,11 @@ def decomposition_table(res: Results) -> str:
         "two columns are the same writes sent two cheaper ways. The pipeline itself "
         "sends its stage-1 changelog in batches that span records (pipeline/changelog.py), "
         "so it can beat the Faust-table-writes variant (DP logic adds < 0); what it costs "
-        "over Faust is then the pipeline column against the naive agent's."
+        "over Faust is then the pipeline column against the naive agent's. Since the ingest "
+        "(issue 14), the agents read the source topic record by record while the pipeline's "
+        "stage 1 reads the ingest's envelopes (hundreds of events each, whatever the source "
+        "records' shape), so on single-event records the pipeline no longer pays Faust's "
+        "per-record cost and is faster than the naive agent itself."
     )
 
 
@@ -1288,6 +1292,88 @@ def spans_table(res: Results) -> str:
         '"Without the marker wait" = events / (last release - marker wait), the rate the '
         "tick's quantization hides. CPU = the worker and its ingest process.\n\n" + "\n".join(lines)
     )
+
+
+def dominates_section(res: Results) -> str:
+    """What bounds the end-to-end row on single-event records, from this run's numbers:
+    the spans of the pipeline runs, the py-spy profile, the in-process micro-benchmarks."""
+    from bench import pyspy_summary
+
+    if 1 not in res.datasets:
+        return "(no single-event records in this run)"
+    out = []
+    for name in pipeline_names(res.args):
+        rows = res.rows(1, name)
+        if not rows:
+            continue
+        total = median(r["seconds"] for r in rows)
+        ingest = median(r["ingest_seconds"] for r in rows)
+        wait = median(r["marker_wait_seconds"] for r in rows)
+        out.append(
+            f"* **{label(name, res.args)}**: the ingest appended its last envelope at "
+            f"+{ingest:.2f} s of the {total:.2f} s end to end ({100 * ingest / total:.0f}%, "
+            f"medians; {fmt_rate(rows[0]['events'] / ingest)} events/s through the ingest); "
+            f"the rest is the wait for the marker that closes the last event's tick "
+            f"({wait:.2f} s) and stage 1 reaching it, stage 2 and the release."
+        )
+    for p in res.profiles:
+        if p["tool"] != "pyspy" or p["batch"] != 1:
+            continue
+        prof = pyspy_summary.parse(Path(p["path"]).read_text())
+        idle = 100 * (prof.main_total - prof.main_busy) / max(1, prof.main_total)
+        out.append(
+            f"* Under py-spy ({fmt_rate(p['rate'])} events/s), the worker's main thread "
+            f"(stage 1, stage 2, Faust) was idle {idle:.0f}% of the span"
+            + (": it waits for the ingest's envelopes." if idle >= 25 else ".")
+        )
+        ingest = Path(p["path"]).with_suffix(".ingest.txt")
+        iprof = pyspy_summary.parse(ingest.read_text()) if ingest.exists() else None
+        if iprof is None and prof.threads.get("ingest"):
+            iprof = pyspy_summary.parse(Path(p["path"]).read_text(), "ingest")
+        if iprof is not None and iprof.main_total:
+            top = ", ".join(
+                f"`{fn.split(' (')[0]}` {100 * n / iprof.main_total:.0f}%"
+                for fn, n in iprof.self_time.most_common(6)
+            )
+            out.append(
+                "* The ingest's own thread, self time in % of its samples: "
+                f"{top}. `Ingest.step`'s self time is its `consume()` call into librdkafka "
+                "(copying records into Python, waiting for fetched data or for a core), "
+                "`_commit` the "
+                "synchronous offset commit after every batch, `_await_acknowledged` the "
+                "producer flush before it: the batch loop is serial (consume, route, send, "
+                "wait for every acknowledgement, commit, then consume again), so the ingest's "
+                "CPU work and its waits on the broker never overlap."
+            )
+    waits = {
+        b: median(r["first_envelope_seconds"] for r in pipeline_rows(res, b)) for b in res.datasets
+    }
+    slow = {b: w for b, w in waits.items() if b > 1 and w > 0.3}
+    if slow and 1 in waits:
+        b, w = next(iter(slow.items()))
+        out.append(
+            "* The ingest's `consume(input.ingest_batch, 0.5 s)` returns with a full batch or "
+            f"after 0.5 s: on {shape_name(b)}, {res.datasets[b].records:,} source records in "
+            "all, fewer than one batch, the first envelope reached the events topic "
+            f"+{w:.2f} s after the commit (single-event records: +{waits[1]:.2f} s). A source "
+            "slower than `ingest_batch` records per 0.5 s waits that long in every batch: "
+            "up to 0.5 s of event-to-release latency that the release latency below (release "
+            "minus tick end) does not show, since an event's tick is the one in which its "
+            "envelope reaches the events topic."
+        )
+    im, m = res.ingest_micro, res.micro
+    if im and m and "1" in im["shapes"]:
+        route = im["shapes"]["1"]["route_us"]
+        stage1 = m["decode_us"] + m["unseen_us"] + m["add_us"]
+        name = pipeline_names(res.args)[0]
+        e2e = median(1e6 / r["rate"] for r in res.rows(1, name))
+        against = "" if math.isnan(e2e) else f", against {e2e:.1f} µs per event end to end ({name})"
+        out.append(
+            f"* In Python alone (below): the ingest's `route` takes {route:.2f} µs per "
+            f"single event ({fmt_rate(1e6 / route)} events/s on one core, validation "
+            f"included) and stage 1 {stage1:.2f} µs per event on its envelopes{against}."
+        )
+    return "\n".join(out)
 
 
 def targets_section(res: Results) -> str:
@@ -1482,6 +1568,17 @@ def errors_section(res: Results) -> str:
     return f"\n## Sections that failed in this run\n\n{items}\n"
 
 
+def kept_section(path: Path, label: str) -> str:
+    kept = kept_profiles(path, label)
+    if not kept:
+        return ""
+    return (
+        "Profile sections with other labels are kept from earlier runs; their commits say "
+        "which layout they measured (before the ingest of issue 14, stage 1 read the users' "
+        "topic itself, record by record).\n\n" + kept
+    )
+
+
 def kept_profiles(path: Path, label: str) -> str:
     """Profile sections of an existing document whose label differs from ``label``."""
     try:
@@ -1507,7 +1604,10 @@ def pipeline_description(args: argparse.Namespace) -> str:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    return ".venv/bin/python -m bench.throughput " + " ".join(args.argv)
+    """The run's command, less where it wrote (``--out``, ``--json``, ``--workdir``)."""
+    local = ("--out", "--json", "--workdir")
+    kept = [a for a in args.argv if a.partition("=")[0] not in local]
+    return " ".join([".venv/bin/python -m bench.throughput", *kept])
 
 
 def document(res: Results) -> str:
@@ -1517,6 +1617,12 @@ def document(res: Results) -> str:
         f"source partitions, pre-produced in {d.produce_seconds:.1f} s "
         f"({fmt_rate(d.events / max(d.produce_seconds, 1e-9))} events/s)"
         for b, d in res.datasets.items()
+    )
+    mode = (
+        "**Quick mode** (`--quick`: small sizes, one run)."
+        if a.quick
+        else f"Full mode ({a.runs} runs, {a.singles:,} single events, {a.envelope_events:,} "
+        "events per envelope shape)."
     )
     loaded = (
         "**Measured while other work shared the machine: not final numbers.**"
@@ -1529,7 +1635,7 @@ Generated by `bench/throughput.py` (issues 7 and 14). Regenerate with
 
     {command_line(a)}
 
-{loaded} Load average (1/5/15 min) at the start {res.load_start}, at the end
+{mode} {loaded} Load average (1/5/15 min) at the start {res.load_start}, at the end
 {res.load_end}. Wall time {res.wall / 60:.1f} min. Commit `{res.commit}`, run started {res.date}.
 
 Machine: {info["cores"]} cores ({info["cpu"]}), {info["ram"]} RAM, {info["platform"]};
@@ -1560,6 +1666,10 @@ its ingest process's). Per-run numbers are at the end.
 {targets_section(res)}
 
 {ceiling_budget(res)}
+
+## What dominates end to end (single-event records)
+
+{dominates_section(res)}
 
 ## Release latency
 
@@ -1648,7 +1758,7 @@ objects above plus the dict slot) + per statistic its stage-2 state (O(log t) in
 {runs_table(res)}
 {errors_section(res)}
 {profile_section(res) if res.profiles else ""}
-{kept_profiles(a.out, a.profile_label)}"""
+{kept_section(a.out, a.profile_label)}"""
 
 
 # --------------------------------------------------------------------------- main
