@@ -1724,7 +1724,11 @@ objects above plus the dict slot) + per statistic its stage-2 state (O(log t) in
   Only non-default client setting: fetch max wait 10 ms (else every pass after the first
   starts with a 500 ms long-poll left over from the previous one); the third ceiling also
   sets `fetch.queue.backoff.ms=10` (as the ingest's consumer does: librdkafka's default,
-  1 s, idles the fetcher once its queue holds enough).
+  1 s, idles the fetcher whenever a partition's queue holds `queued.min.messages`, 100,000
+  records). So the plain confluent-kafka ceiling, and the 13% target's ratio with it,
+  depend on the topic's size: a topic whose partitions hold fewer than 100,000 records each
+  is prefetched whole at full speed, a larger one is read at a fraction of it (then
+  compare the third ceiling).
 * **Naive peer** (`bench/naive_agent.py`): a Faust app with the worker's settings and one
   agent (`stream.events()`, raw serializers) that reads the header, skips tick markers,
   `orjson.loads` the value and counts. Time = first record the agent sees to the last
