@@ -1,13 +1,15 @@
-"""The ceiling: a plain consumer reading and parsing a pre-produced dpstream input topic.
+"""The ceiling: a plain consumer reading and parsing a pre-produced source topic.
 
 Run by ``bench/throughput.py`` in a subprocess of its own, once per client:
 
-    python -m bench.ceiling aiokafka|confluent --bootstrap B --topic T --ends '{"0": n0, ...}'
+    python -m bench.ceiling aiokafka|confluent|confluent-backoff --bootstrap B --topic T \
+        --ends '{"0": n0, ...}'
 
 It reads every partition from offset 0 up to the given end offsets (the topic's end right
-after it was pre-produced; anything appended later, such as a worker's tick markers, is
-not read), parses every record's JSON with orjson (an envelope is one JSON array of
-events), counts events and skips tick markers. No consumer group (partitions are
+after it was pre-produced), parses every record's JSON with orjson (a batch envelope is
+one JSON array of events), counts events (and would skip tick markers, which a source
+topic no longer holds). ``confluent-backoff`` is confluent-kafka with
+``fetch.queue.backoff.ms=10``, as the ingest's consumer has it. No consumer group (partitions are
 assigned), no commits. A pass is timed from the first fetch request (the client is
 connected and knows the offsets) to the last record parsed; passes repeat, each from
 offset 0, until ``--min-seconds`` have been timed, so that a small topic still gives a
@@ -119,7 +121,9 @@ async def read_aiokafka(bootstrap: str, topic: str, ends: dict[int, int], min_se
         await consumer.stop()
 
 
-def read_confluent(bootstrap: str, topic: str, ends: dict[int, int], min_seconds: float) -> dict:
+def read_confluent(
+    bootstrap: str, topic: str, ends: dict[int, int], min_seconds: float, backoff: bool = False
+) -> dict:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -130,6 +134,8 @@ def read_confluent(bootstrap: str, topic: str, ends: dict[int, int], min_seconds
             "enable.partition.eof": False,
             "fetch.wait.max.ms": 10,  # see FETCH_WAIT
             "log_level": 0,
+            # librdkafka's default (1 s) idles the fetcher once its queue holds enough.
+            **({"fetch.queue.backoff.ms": 10} if backoff else {}),
         }
     )
     tally = Tally()
@@ -156,14 +162,14 @@ def read_confluent(bootstrap: str, topic: str, ends: dict[int, int], min_seconds
                         remaining.discard(p)
             tally.stop()
             consumer.unassign()
-        return tally.result("confluent")
+        return tally.result("confluent-backoff" if backoff else "confluent")
     finally:
         consumer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("client", choices=["aiokafka", "confluent"])
+    parser.add_argument("client", choices=["aiokafka", "confluent", "confluent-backoff"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--ends", required=True, help='JSON {"partition": end offset}')
@@ -175,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.client == "aiokafka":
         result = asyncio.run(read_aiokafka(args.bootstrap, args.topic, ends, args.min_seconds))
     else:
-        result = read_confluent(args.bootstrap, args.topic, ends, args.min_seconds)
+        result = read_confluent(
+            args.bootstrap, args.topic, ends, args.min_seconds, args.client == "confluent-backoff"
+        )
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
     return 0
 

@@ -112,8 +112,9 @@ def table(prof: Profile, which: str, top: int = 15) -> str:
 # where the stacks nest (e.g. table writes are inside Stage1.add_events).
 BUCKETS = [
     ("stage-1 agent, all of it (`stage1_agent`)", r"stage1_agent "),
-    ("  decode + validate (`records.decode_events`)", r"^decode_events "),
-    ("  routing check (`records.partition_for`, pure-Python murmur2)", r"^partition_for "),
+    ("  envelope decode (`records.decode_envelope`)", r"^decode_envelope "),
+    ("  dedupe by source position (`Stage1Driver.unseen`)", r"^Stage1Driver\.unseen "),
+    ("  murmur2 (`records.partition_for`, e.g. at tick close)", r"^partition_for "),
     ("  `Stage1.add_events` (incl. its table reads and writes)", r"^Stage1\.add_events "),
     (
         "  table reads (`Table.__getitem__` / `.get`)",

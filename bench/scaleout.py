@@ -1,14 +1,16 @@
-"""Scale-out: 1 worker vs 2 workers of one app on 4 input partitions (issue 7, item 3).
+"""Scale-out: 1 worker vs 2 workers of one app on 4 partitions (issue 7, item 3).
 
     .venv/bin/python -m bench.scaleout [--events 200000] [--batch 100] [--runs 3]
 
-Per run and worker count N: a fresh app and input topic; N ``dpstream worker`` processes
-are started and left to settle into one group (every input partition assigned, none
-twice, read from their logs); then the synthetic events are produced (dpstream's
-producer, envelopes grouped by partition). Time = from the first produce call (the
-workers are idle until then) to the release of the first tick whose markers, written by
-the workers' own clock, follow the last event in every partition (a release CreateTime):
-so it includes up to one tick of waiting for that tick to end (ticks of 0.25 s here).
+Per run and worker count N: a fresh app and source topic; N ``dpstream worker`` processes
+(each with its ingest, at the worker's default ``--ingest``) are started and left to settle
+into their groups (every events partition assigned to one stage 1, none twice, read from
+their logs; every source partition held by the ingest group); then the synthetic events
+are produced into the source topic (dpstream's producer, ``clients.produce_events``).
+Time = from the first produce call (the workers are idle until then) to the release of
+the first tick whose markers, written by the workers' own clock into the events topic,
+follow the last envelope in every events partition (a release CreateTime): so it
+includes up to one tick of waiting for that tick to end (ticks of 0.25 s here).
 Every run's releases must equal the offline replay of its input log (what
 ``dpstream export-log`` and ``dpstream replay`` compute), byte for byte, as with one
 worker. Prints a Markdown table; ``--out`` appends it to a file. A benchmark: nothing in
@@ -40,7 +42,7 @@ from bench.throughput import (  # noqa: E402
     WORKER,
     Watcher,
     base_config,
-    end_offsets,
+    ingest_assigned,
     run_config,
     stop,
     synthetic,
@@ -62,12 +64,12 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
     procs = [
         spawn_worker(path, bootstrap, log, env=env, loglevel=WORKER["loglevel"]) for log in logs
     ]
-    watcher = Watcher(bootstrap, cfg)
+    watcher = Watcher(bootstrap, cfg, events=args.events)
     try:
         deadline = time.time() + 120
         while True:
             parts = [
-                assigned_partitions(log.read_text(errors="replace"), cfg.input.topic)
+                assigned_partitions(log.read_text(errors="replace"), cfg.events_topic)
                 if log.exists()
                 else set()
                 for log in logs
@@ -82,6 +84,7 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
             if time.time() > deadline:
                 raise TimeoutError(f"{workers} workers did not settle: {parts}")
             time.sleep(0.5)
+        ingest_assigned(bootstrap, cfg)
         time.sleep(3)  # the recovery after the last assignment
         producer = make_producer(bootstrap, **PRODUCER_QUEUE)
         started = time.time()  # the workers are idle: they start on the first event
@@ -90,9 +93,8 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
         )
         if producer.flush(300):
             raise RuntimeError("producing: messages still queued after 300 s")
-        last = closing_tick(
-            bootstrap, cfg, end_offsets(bootstrap, cfg.input.topic, args.partitions)
-        )
+        watcher.wait(lambda: watcher.closing() is not None, 1800, "every event", procs[0], logs[0])
+        last = (watcher.closing() or (-1, 0.0))[0]
         watcher.wait(
             lambda: watcher.released(last), 1800, f"release of tick {last}", procs[0], logs[0]
         )
@@ -107,28 +109,6 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
         "seconds": end - started,
         "equal_to_replay": equal_to_replay(bootstrap, cfg),
     }
-
-
-def closing_tick(bootstrap: str, cfg: PipelineConfig, ends: dict[int, int]) -> int:
-    """The first tick whose release includes every event produced: in each partition, the
-    first marker at or after its end offset when production finished (the workers' own
-    clock writes them), and the latest of those."""
-    from dpstream.pipeline.clients import read_range
-    from dpstream.pipeline.records import TICK, decode_tick, header_kind
-
-    ticks = []
-    for partition, end in ends.items():
-        deadline = time.time() + 60
-        while True:
-            records = read_range(bootstrap, cfg.input.topic, partition, end, end + 50)
-            marks = [decode_tick(v) for _, h, v, _ in records if header_kind(h) == TICK]
-            if marks:
-                ticks.append(marks[0])
-                break
-            if time.time() > deadline:
-                raise TimeoutError(f"no tick marker after offset {end} in partition {partition}")
-            time.sleep(0.2)
-    return max(ticks)
 
 
 def equal_to_replay(bootstrap: str, cfg: PipelineConfig) -> bool:

@@ -82,10 +82,14 @@ def test_tiny_run_writes_a_well_formed_table(bootstrap, tmp_path):
         assert number(row[5]) == 1  # runs
         by_key[row[0], row[1].split()[0]] = row
     assert {inp for inp, _ in by_key} == {"single-event records", "envelopes of 50"}
+    assert header[6:8] == ["ratio to aiokafka (median)", "ratio to confluent-kafka (median)"]
     for inp in ("single-event records", "envelopes of 50"):
         assert number(by_key[inp, "aiokafka"][6]) == 1  # the ceiling's ratio to itself
+        assert number(by_key[inp, "confluent-kafka"][7]) == 1
 
     assert "## Targets" in text and "## Release latency" in text and "## Memory" in text
+    assert "of the plain confluent-kafka consume of the same source topic" in text
+    assert "## What dominates end to end" in text and "| ingest events/s |" in text
     _, latency = table_after(text, "| input | target rate |")
     assert len(latency) == 1 and latency[0][0] == "envelopes of 50"
     assert "Machine: " in text and "cores" in text and "Kafka" in text
@@ -94,5 +98,7 @@ def test_tiny_run_writes_a_well_formed_table(bootstrap, tmp_path):
     assert len(data["runs"]) == 2 * len(CONTENDERS)
     pipeline = [r for r in data["runs"] if r["contender"] == "dpstream"]
     assert all(r["dead_letters"] == 0 and r["peak_rss"] > 0 for r in pipeline)
+    assert all(0 < r["ingest_seconds"] <= r["seconds"] for r in pipeline)
+    assert data["ingest_micro"]["shapes"]["1"]["route_us"] > 0
     assert data["constants"]["python_bytes_per_user"] > 0
     assert data["errors"] == []
