@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka.partitioner import murmur2
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from dpstream.deploy import broker
@@ -99,12 +99,24 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     """Each partition's high watermark."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "t-offsets", **QUIET})
     try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT)[1]
-            for p in _partitions(bootstrap, topic)
-        }
+        return {p: _high_watermark(consumer, topic, p) for p in _partitions(bootstrap, topic)}
     finally:
         consumer.close()
+
+
+def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
+    # Right after a topic is created its leader may not serve it yet (NOT_LEADER_FOR_PARTITION,
+    # retriable), though the metadata already names it.
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            return consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=TIMEOUT
+            )[1]
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def topic_configs(bootstrap: str, topic: str) -> dict[str, str | None]:
