@@ -25,6 +25,7 @@ Reasons name the problem, never the raw value (user ids and payloads stay out of
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -365,23 +366,30 @@ def encode_envelope(
     """Columns, so that stage 1 reads an envelope without a dict per event: "s" the
     source, "o" offsets, "u" user ids, and only where some event has one: "i" indexes,
     "k" keys, "v" values, "d" the positions of deletions, "c" cell keys per attribute."""
-    out: dict[str, object] = {
-        "s": source,
-        "o": offsets,
-        "u": [e.user_id for e in events],
-    }
+    users, keys, values, deletes = [], [], [], []
+    has_key = has_value = has_cells = False
+    for n, e in enumerate(events):
+        users.append(e.user_id)
+        keys.append(e.key)
+        values.append(e.value)
+        if e.key is not None:
+            has_key = True
+        if e.value is not None:
+            has_value = True
+        if e.delete:
+            deletes.append(n)
+        if e.cells:
+            has_cells = True
+    out: dict[str, object] = {"s": source, "o": offsets, "u": users}
     if any(indexes):
         out["i"] = indexes
-    keys = [e.key for e in events]
-    if any(k is not None for k in keys):
+    if has_key:
         out["k"] = keys
-    values = [e.value for e in events]
-    if any(v is not None for v in values):
+    if has_value:
         out["v"] = values
-    deletes = [n for n, e in enumerate(events) if e.delete]
     if deletes:
         out["d"] = deletes
-    if any(e.cells for e in events):
+    if has_cells:
         attrs = sorted({a for e in events for a, _ in e.cells})
         out["c"] = {a: [e.cell(a) for e in events] for a in attrs}
     return orjson.dumps(out)
@@ -430,16 +438,21 @@ def decode_envelope(value: bytes | None) -> Envelope:
     if type(cells_by_attr) is not dict:
         raise BadRecord("malformed envelope")
     cell_columns = [(a, _column(cells_by_attr, a, n, (str,))) for a in cells_by_attr]
-    previous = (-1, -1)
-    events = []
-    for i in range(n):
-        position = (offsets[i], indexes[i])
-        if position <= previous:
-            raise BadRecord("malformed envelope")  # not in source order
-        previous = position
-        value = values[i]
-        cells = tuple((a, column[i]) for a, column in cell_columns if column[i] is not None)
-        events.append(
-            Event(users[i], keys[i], None if value is None else float(value), i in deletes, cells)
+    positions = list(zip(offsets, indexes, strict=True))
+    if any(b <= a for a, b in itertools.pairwise(positions)):
+        raise BadRecord("malformed envelope")  # not in source order
+    if int in set(map(type, values)):
+        values = [None if v is None else float(v) for v in values]
+    if not deletes and not cell_columns:  # the common case, without a loop in Python
+        return Envelope(obj["s"], offsets, indexes, list(map(Event, users, keys, values)))
+    events = [
+        Event(
+            users[i],
+            keys[i],
+            values[i],
+            i in deletes,
+            tuple((a, column[i]) for a, column in cell_columns if column[i] is not None),
         )
+        for i in range(n)
+    ]
     return Envelope(obj["s"], offsets, indexes, events)
