@@ -680,11 +680,6 @@ class PipelineConfig(_Model):
                             "alone and its noise does not depend on the number of users"
                         )
 
-    def user_state(self, stat: StatisticConfig) -> bool:
-        """Stage 1 keeps a state per user for ``stat`` (pipeline.statistic.UserStatistic:
-        per-cell means, George et al.'s mean), not per-user unit counts."""
-        return stat.kind == "cell_mean" or (stat.kind == "mean" and self.privacy.public_counts)
-
     def whole_user_mean(self, stat: StatisticConfig) -> bool:
         """``stat`` is a mean run as the whole-user mean (operators.whole_user_mean)."""
         return stat.kind == "mean" and not self.privacy.public_counts

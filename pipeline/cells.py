@@ -23,7 +23,7 @@ holds) and ``p`` (one tag), so neither state grows with the slot's length.
 past it after a gap) stage 1 scans its partition's users and sends every (cell, user)
 aggregate of the closing slot(s): count, sum and the first values in arrival order, in
 grid units (``UserCellAggregate``). Stage 2 files a slot's data under the slot's last tick
-(``payload_ticks``), so a partition that missed markers is not late.
+(``parts``), so a partition that missed markers is not late.
 
 **Stage 2**, at the tick that ends slot s, once every partition reported it: groups by
 cell (sorted keys, sorted users), runs Clip-User when configured (public counts), checks
