@@ -31,7 +31,7 @@ from dpstream.operators import (
 from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import interval
 
-from .counting import Counting
+from .counting import UnitCounting
 from .statistic import Statistic, Step, WeightsStage2
 
 
@@ -62,11 +62,11 @@ def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
 @dataclass(frozen=True)
 class Counter(WeightsStage2):
     """A fixed-tau statistic's continual counter: its operator module, spec and state
-    class; stage 1 keeps the units of each user's first tau (``Counting``)."""
+    class; stage 1 keeps the units of each user's first tau (``UnitCounting``)."""
 
     name: str
     tau: int
-    counting: Counting
+    counting: UnitCounting
     mechanism: str  # the releases' "mechanism" field
     module: ModuleType
     spec: Any
@@ -111,7 +111,7 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
     common = (
         stat.name,
         stat.fixed_tau,
-        Counting(
+        UnitCounting(
             stat.name,
             stat.key,
             stat.kind,
@@ -200,7 +200,7 @@ def distinct_values(weights: dict[str, int]) -> list[list[str]]:
 class UserLevelCounter(WeightsStage2):
     """A tau: auto statistic: its operator module and spec; the state in stage 2's table
     is the operator state's JSON (plus m(v), the first-occurrence bands, for distinct).
-    Stage 1 counts each user's units by rank band (``Counting``)."""
+    Stage 1 counts each user's units by rank band (``UnitCounting``)."""
 
     stat: StatisticConfig
     module: ModuleType
@@ -214,9 +214,9 @@ class UserLevelCounter(WeightsStage2):
         return self.stat.name
 
     @property
-    def counting(self) -> Counting:
+    def counting(self) -> UnitCounting:
         stat = self.stat
-        return Counting(stat.name, stat.key, stat.kind, None, stat.deletions)
+        return UnitCounting(stat.name, stat.key, stat.kind, None, stat.deletions)
 
     def step(self, state: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         """Advance one tick: the release and, when the tracker or instance series spent

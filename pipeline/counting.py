@@ -31,7 +31,7 @@ def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Counting:
+class UnitCounting:
     """How stage 1 counts one statistic: which events, and what they contribute
     (``pipeline.statistic.Counting``)."""
 

@@ -27,7 +27,7 @@ from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import interval
 from dpstream.operators.state_codec import from_json, to_json
 
-from .counting import SAMPLES, UNITS, Counting
+from .counting import SAMPLES, UNITS, UnitCounting
 from .records import Event
 from .statistic import Report, Statistic, Step, WeightsStage2, own_caps
 
@@ -55,14 +55,14 @@ class WholeUserMeanStatistic(WeightsStage2):
 
     name: str
     spec: wum.WholeUserMeanSpec
-    counting: Counting
+    counting: UnitCounting
     mechanism: str = wum.MECHANISM
     neighbours: str | None = None
 
     @classmethod
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> WholeUserMeanStatistic:
         spec = whole_user_mean_spec(stat, cfg)
-        return cls(stat.name, spec, Counting(stat.name, stat.key, stat.kind, None, False, spec))
+        return cls(stat.name, spec, UnitCounting(stat.name, stat.key, stat.kind, None, False, spec))
 
     def step(self, state_json: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         spec, weights = self.spec, pending or {}

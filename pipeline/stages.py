@@ -1,10 +1,11 @@
 """The two stages' bookkeeping, free of Kafka so the worker and ``dpstream replay`` share it.
 
-Stage 1 (keyed by user, one state per events-topic partition): truncates each user's events to
-tau per statistic and pre-aggregates the kept units per tick. Stage 2 (keyed by
-statistic): waits until every stage-1 partition has reported tick t, then advances the
-statistic's tree counter one step and releases. All DP math lives in ``operators``;
-this module only routes numbers.
+Stage 1 (keyed by user, one state per events-topic partition): bounds each user's
+contribution per statistic and pre-aggregates it per tick. Stage 2 (keyed by statistic):
+waits until every stage-1 partition has reported tick t, then steps the statistic once
+and releases. Each statistic is a ``statistic.Statistic`` built by the registry of kinds
+(``kinds.py``); this module calls only the contract, never a kind. All DP math lives in
+``operators``; this module only routes numbers.
 
 States are plain JSON-able dicts with string keys, because they live in Faust tables.
 """
@@ -39,8 +40,8 @@ class StatisticChanged(DpStreamError):
 
 class Stage1:
     """Per-user contribution counts (on the original stream) and per-tick pre-aggregation:
-    kept units for a fixed tau (Dong-Luo-Yi Alg. 3), units by rank band and the users
-    crossing each power of two for the user-level mechanisms (Alg. 5)."""
+    the unit weights of the ``counting`` statistics (``pipeline.counting``), the
+    per-user and per-partition states of the others."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
         stats = [statistic_for(s, cfg) for s in cfg.statistics]
@@ -196,7 +197,7 @@ def _states_of(name: str, users: Callable[[], Iterable[tuple[str, dict]]]) -> Us
 
 
 class Stage2:
-    """Tick barrier across stage-1 partitions, then one tree-counter step per tick."""
+    """Tick barrier across stage-1 partitions, then one step of the statistic per tick."""
 
     def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
         self._cfg = cfg
