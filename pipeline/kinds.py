@@ -4,8 +4,9 @@ Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statisti
 ``statistic_for``, ``dpstream check-config`` describes it through ``describe``, and the
 ingest, the worker and replay check event values by ``value_rule``; nothing else
 dispatches on a kind. A new kind is its own module (a ``pipeline.statistic.Statistic``
-and a one-line description) plus one line here; config/schema.py's ``Kind`` names it and
-validates its parameters (tests/pipeline/test_kinds.py checks the two agree).
+and a one-line description) plus one line here, and one line in config/schema.py's
+``KIND_PARAMETERS`` (which parameters it takes; the config package may not import this
+one), in the same order (tests/pipeline/test_kinds.py checks the two agree).
 """
 
 from __future__ import annotations
