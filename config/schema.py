@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -208,12 +210,47 @@ class Neighbours(StrEnum):
 Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 
 
-Kind = Literal["count", "sum", "histogram", "kselect", "distinct", "mean", "cell_mean"]
-# Kinds whose event ``value`` is an integer in [1, R] (R = max_value or bins).
-VALUED_KINDS = ("sum", "histogram", "kselect")
-# Kinds bounded by the caps of their own section (``mean``, ``cells``): tau and the tree
-# parameters do not apply to them.
-OWN_CAP_KINDS = ("mean", "cell_mean")
+@dataclass(frozen=True, slots=True)
+class KindParameters:
+    """Which of a statistic's parameters its kind takes (``StatisticConfig`` checks them).
+
+    ``section``: the kind is bounded by the caps of its own section (``mean``, ``cells``),
+    which it requires and no other kind takes; tau and the tree parameters do not apply.
+    ``values``: its event values are integers in [1, R], R given by this field
+    (``max_value``, ``bins``). ``rank``: it takes ``rank`` and ``halve_margin``.
+    ``fixed_tau``: an integer tau (Alg. 3) is allowed besides tau: auto. ``deletions``:
+    ``deletions: true`` is supported (tau: auto).
+    """
+
+    section: str | None = None
+    values: str | None = None
+    rank: bool = False
+    fixed_tau: bool = False
+    deletions: bool = True
+
+
+# The kinds the schema accepts, and their parameters. Each kind's implementation is in
+# pipeline/kinds.py's registry (tests/pipeline/test_kinds.py checks the two agree).
+KIND_PARAMETERS: dict[str, KindParameters] = {
+    "count": KindParameters(fixed_tau=True),
+    "sum": KindParameters(values="max_value", fixed_tau=True),
+    "histogram": KindParameters(values="bins"),
+    "kselect": KindParameters(values="bins", rank=True, deletions=False),
+    "distinct": KindParameters(deletions=False),
+    "mean": KindParameters(section="mean"),
+    "cell_mean": KindParameters(section="cells"),
+}
+Kind = Literal[tuple(KIND_PARAMETERS)]  # type: ignore[valid-type]
+
+
+def _kinds_with(test: Callable[[KindParameters], bool]) -> list[str]:
+    return [kind for kind, params in KIND_PARAMETERS.items() if test(params)]
+
+
+def _only(field: str, kinds: list[str], kind: str) -> str:
+    """The message for ``field`` set on ``kind``, which only ``kinds`` take."""
+    which = f"kind {kinds[0]}" if len(kinds) == 1 else " and ".join(kinds)
+    return f"{field}: only applies to {which}, not {kind}"
 
 
 def _check_interval(lower: float, upper: float) -> None:
@@ -487,7 +524,7 @@ class StatisticConfig(_Model):
     @property
     def own_caps(self) -> bool:
         """Bounded by its own section's caps (a mean, per-cell means), not by tau."""
-        return self.kind in OWN_CAP_KINDS
+        return KIND_PARAMETERS[self.kind].section is not None
 
     @property
     def user_level(self) -> bool:
@@ -502,49 +539,46 @@ class StatisticConfig(_Model):
     @model_validator(mode="after")
     def _kind_parameters(self) -> StatisticConfig:
         kind = self.kind
-        if (kind == "mean") != (self.mean is not None):
-            raise ValueError(
-                "mean: required for kind mean"
-                if kind == "mean"
-                else f"mean: only applies to kind mean, not {kind}"
-            )
-        if (kind == "cell_mean") != (self.cells is not None):
-            raise ValueError(
-                "cells: required for kind cell_mean"
-                if kind == "cell_mean"
-                else f"cells: only applies to kind cell_mean, not {kind}"
-            )
+        params = KIND_PARAMETERS[kind]
+        for section in ("mean", "cells"):
+            (owner,) = _kinds_with(lambda p, section=section: p.section == section)
+            if (kind == owner) != (getattr(self, section) is not None):
+                raise ValueError(
+                    f"{section}: required for kind {owner}"
+                    if kind == owner
+                    else _only(section, [owner], kind)
+                )
         if self.cells is not None:
             self._check_cells(self.cells)
-        if kind == "sum" and self.max_value is None:
-            raise ValueError("max_value: required for kind sum (values are integers 1..R)")
-        if kind != "sum" and self.max_value is not None:
-            raise ValueError(f"max_value: only applies to kind sum, not {kind}")
-        if kind in ("histogram", "kselect") and self.bins is None:
-            raise ValueError(f"bins: required for kind {kind} (values are integers 1..R)")
-        if kind not in ("histogram", "kselect") and self.bins is not None:
-            raise ValueError(f"bins: only applies to histogram and kselect, not {kind}")
-        if kind == "kselect" and self.rank is None:
-            raise ValueError("rank: required for kind kselect (max, median or an integer k)")
-        if kind != "kselect" and self.rank is not None:
-            raise ValueError(f"rank: only applies to kind kselect, not {kind}")
+        for field in ("max_value", "bins"):
+            owners = _kinds_with(lambda p, field=field: p.values == field)
+            if params.values == field and getattr(self, field) is None:
+                raise ValueError(f"{field}: required for kind {kind} (values are integers 1..R)")
+            if params.values != field and getattr(self, field) is not None:
+                raise ValueError(_only(field, owners, kind))
+        ranked = _kinds_with(lambda p: p.rank)
+        if params.rank and self.rank is None:
+            raise ValueError(f"rank: required for kind {kind} (max, median or an integer k)")
+        if not params.rank and self.rank is not None:
+            raise ValueError(_only("rank", ranked, kind))
         if isinstance(self.rank, int) and self.rank < 1:
             raise ValueError("rank: an integer rank must be >= 1")
-        if kind != "kselect" and self.halve_margin:
-            raise ValueError(f"halve_margin: only applies to kind kselect, not {kind}")
+        if not params.rank and self.halve_margin:
+            raise ValueError(_only("halve_margin", ranked, kind))
         if self.own_caps:
             # Its own mechanism bounds each user's contribution; none of these apply.
             for name in _NOT_FOR_OWN_CAPS:
                 if name in self.model_fields_set:
                     raise ValueError(f"{name}: does not apply to kind {kind}")
             return self
-        if not self.user_level and kind not in ("count", "sum"):
-            raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: count and sum)")
+        if not self.user_level and not params.fixed_tau:
+            fixed = " and ".join(_kinds_with(lambda p: p.fixed_tau))
+            raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: {fixed})")
         if self.user_level and self.mechanism != "binary":
             raise ValueError("mechanism: tau: auto runs Dong-Luo-Yi's binary tree; use binary")
         if not self.user_level and (self.deletions or self.practical_instances):
             raise ValueError("deletions: only with tau: auto")
-        if self.deletions and kind in ("distinct", "kselect"):
+        if self.deletions and not params.deletions:
             # Distinct count with deletions is open (Dong-Luo-Yi Sec. VI).
             raise ValueError(f"deletions: not supported for kind {kind}")
         return self
@@ -679,11 +713,6 @@ class PipelineConfig(_Model):
                             "the whole-user mean bounds each user by max_samples_per_user "
                             "alone and its noise does not depend on the number of users"
                         )
-
-    def user_state(self, stat: StatisticConfig) -> bool:
-        """Stage 1 keeps a state per user for ``stat`` (pipeline.statistic.UserStatistic:
-        per-cell means, George et al.'s mean), not per-user unit counts."""
-        return stat.kind == "cell_mean" or (stat.kind == "mean" and self.privacy.public_counts)
 
     def whole_user_mean(self, stat: StatisticConfig) -> bool:
         """``stat`` is a mean run as the whole-user mean (operators.whole_user_mean)."""

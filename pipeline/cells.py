@@ -1,4 +1,5 @@
-"""kind cell_mean: Rameshwar et al.'s per-cell user-level means as a UserStatistic.
+"""kind cell_mean: Rameshwar et al.'s per-cell user-level means, a statistic with
+per-user state (``pipeline.statistic.Statistic``).
 
 Glue only: the mechanisms are ``operators.cell_mean``, the epoch ledger
 ``operators.cell_accountant`` and the reducer ``operators.clip_user``; this module keeps
@@ -22,7 +23,7 @@ holds) and ``p`` (one tag), so neither state grows with the slot's length.
 past it after a gap) stage 1 scans its partition's users and sends every (cell, user)
 aggregate of the closing slot(s): count, sum and the first values in arrival order, in
 grid units (``UserCellAggregate``). Stage 2 files a slot's data under the slot's last tick
-(``payload_ticks``), so a partition that missed markers is not late.
+(``parts``), so a partition that missed markers is not late.
 
 **Stage 2**, at the tick that ends slot s, once every partition reported it: groups by
 cell (sorted keys, sorted users), runs Clip-User when configured (public counts), checks
@@ -48,7 +49,7 @@ from dpstream.operators.release import interval
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
-from .statistic import Report
+from .statistic import Report, Step, own_caps
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ Cells = dict[str, Agg]  # cell key -> aggregate
 
 @dataclass(frozen=True)
 class CellMeanStatistic:
-    """One ``kind: cell_mean`` statistic (see ``pipeline.stages.UserStatistic``)."""
+    """One ``kind: cell_mean`` statistic (see ``pipeline.statistic.Statistic``)."""
 
     name: str
     key: str | None
@@ -68,6 +69,7 @@ class CellMeanStatistic:
     clip: clip_user.ClipUserSpec | None
     mechanism: str
     neighbours: str
+    counting: None = None
 
     @classmethod
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
@@ -221,8 +223,10 @@ class CellMeanStatistic:
 
     # ----------------------------------------------------------------- stage 2
 
-    def payload_ticks(self, report: Report) -> list[tuple[int, Any]]:
+    def parts(self, report: Report) -> list[tuple[int, Any]]:
         """File each slot's data under the slot's last tick (``Stage2.on_report``)."""
+        if report.payload is None:
+            return []
         slots = report.payload["slots"]
         return [(self.slot_end(int(s)), {"slots": {s: slots[s]}}) for s in sorted(slots, key=int)]
 
@@ -237,9 +241,7 @@ class CellMeanStatistic:
                     mine[user] = agg if user not in mine else self._join(mine[user], agg)
         return {"slots": out}
 
-    def step(
-        self, sstate: Any, payload: Any, tick: int, noise: NoiseSource
-    ) -> tuple[Any, list[dict], list[dict]]:
+    def step(self, sstate: Any, payload: Any, tick: int, noise: NoiseSource) -> Step:
         state = sstate or {"ledger": None, "released_through": None, "late_slots": 0}
         data = payload["slots"] if payload else {}
         slots = {int(s) for s in data}
@@ -258,7 +260,7 @@ class CellMeanStatistic:
             state["released_through"] = slot
             fields.extend(out)
             ledger.append(entry)
-        return state, fields, ledger
+        return Step(state, tuple(fields), tuple(ledger))
 
     def _release_slot(
         self, state: dict, slot: int, tick: int, data: dict, noise: NoiseSource
@@ -410,9 +412,9 @@ class CellMeanStatistic:
             "epoch_cap": float(self.accountant.epoch_cap),
         }
 
-    def ledger_start(self) -> dict[str, Any]:
+    def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         cells = self.cells
-        return {
+        start = {
             "neighbours": self.neighbours,
             "note": (
                 "Rameshwar et al. per-cell means: each released cell costs epsilon to each user it "
@@ -430,6 +432,19 @@ class CellMeanStatistic:
             "bounds": [cells.lower, cells.upper],
             "step": cells.step,
         }
+        return own_caps(entry, start)
+
+
+def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
+    """What a cell_mean statistic computes, in one line (``dpstream check-config``)."""
+    c = s.cells
+    assert c is not None
+    mode = "public counts" if c.counts_public else "strict"
+    return (
+        f"cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per cell, cells by "
+        f"{c.field!r} x {c.slot_ticks}-tick slots, epoch_cap={c.epoch_cap:g} per "
+        f"{c.epoch_slots} slots"
+    )
 
 
 def slots_of(releases: Iterable[dict]) -> dict[int, dict[str, dict]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from dpstream.config.schema import ConfigError, PipelineConfig, StatisticConfig, load_config
+from dpstream.config.schema import ConfigError, PipelineConfig, load_config
 from dpstream.operators.errors import DpStreamError
 
 log = logging.getLogger("dpstream")
@@ -61,6 +61,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from .kinds import describe
+
     cfg = load_config(args.file)
     statement = cfg.privacy_statement()
     print(f"{args.file}: OK")
@@ -70,48 +72,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
-        print(f"  {s.name}: {_describe(s, cfg)} -> {cfg.release_topic(s.name)}")
+        print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
     for line in statement.describe():
         print(f"  {line}")
     return 0
-
-
-def _describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
-    """What a statistic computes, in one line (its cost is the statement's)."""
-    if s.cells is not None:
-        c = s.cells
-        mode = "public counts" if c.counts_public else "strict"
-        return (
-            f"cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per cell, cells by "
-            f"{c.field!r} x {c.slot_ticks}-tick slots, epoch_cap={c.epoch_cap:g} per "
-            f"{c.epoch_slots} slots"
-        )
-    if s.mean is not None and cfg.whole_user_mean(s):
-        m = s.mean
-        return (
-            f"whole-user mean of values in [{m.lower:g}, {m.upper:g}] on {m.resolution} grid "
-            f"units, epsilon={s.epsilon:g} (half to the noisy count of kept samples, half to "
-            f"their noisy sum), each user's first {m.max_samples_per_user} samples; releases "
-            "no exact count"
-        )
-    if s.mean is not None:
-        m = s.mean
-        return (
-            f"continual mean (George et al., Alg. 6) of values in [{m.lower:g}, {m.upper:g}], "
-            f"epsilon={s.epsilon:g}, at most {m.max_users} users x {m.max_samples_per_user} "
-            "samples"
-        )
-    params = "".join(
-        f", {name}={value}"
-        for name, value in (
-            ("k", s.k),
-            ("lambda", s.lam),
-            ("horizon_ticks", s.horizon_ticks),
-            ("key", s.key),
-        )
-        if value is not None
-    )
-    return f"{s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}{params}"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -1,11 +1,11 @@
 """kind mean, glue only: its two modes, chosen by the pipeline's ``privacy.public_counts``.
 
 * Default: the whole-user mean (``operators.whole_user_mean``), which flows like a sum
-  with a fixed tau. Stage 1 (``pipeline.stages``) keeps each user's sample count and
+  with a fixed tau. Stage 1 (``pipeline.counting``) keeps each user's sample count and
   adds, per kept sample, "c" = 1 and "s" = its grid units to the tick's weights; stage 2
-  steps the two counters (``WholeUserMeanCounter``).
+  steps the two counters (``WholeUserMeanStatistic``).
 * ``public_counts: true``: George et al.'s continual mean (``operators.continual_mean``)
-  as a UserStatistic (``ContinualMeanStatistic``): states to and from JSON, the
+  with per-user state (``ContinualMeanStatistic``): states to and from JSON, the
   partition's users handed over in rank order. Stage 1 keeps each user's ``UserState``
   in the user's entry and the partition's ``PartitionState`` in the partition state; at
   a marker it sends the partition's ``TickMessage``; stage 2 merges the partitions'
@@ -27,8 +27,9 @@ from dpstream.operators.noise import NoiseSource
 from dpstream.operators.release import interval
 from dpstream.operators.state_codec import from_json, to_json
 
+from .counting import SAMPLES, UNITS, UnitCounting
 from .records import Event
-from .statistic import Report
+from .statistic import Report, Statistic, Step, WeightsStage2, own_caps
 
 
 def whole_user_mean_spec(stat: StatisticConfig, cfg: PipelineConfig) -> wum.WholeUserMeanSpec:
@@ -46,28 +47,25 @@ def whole_user_mean_spec(stat: StatisticConfig, cfg: PipelineConfig) -> wum.Whol
     )
 
 
-# Stage 1's weight keys: kept samples C_t and their grid units S_t.
-SAMPLES, UNITS = "c", "s"
-
-
-def whole_user_mean_weights(spec: wum.WholeUserMeanSpec, used: int, x: float) -> dict[str, int]:
-    """Stage 1's weights for one sample of a user who sent ``used`` before (no zeros)."""
-    samples, units = wum.admit(spec, used, x)
-    return {k: v for k, v in ((SAMPLES, samples), (UNITS, units)) if v}
-
-
 @dataclass(frozen=True)
-class WholeUserMeanCounter:
-    """Stage 2 of a default ``kind: mean``: its two counters, stepped once per tick."""
+class WholeUserMeanStatistic(WeightsStage2):
+    """A default ``kind: mean``: stage 1 counts each user's first m samples like a sum,
+    stage 2 steps the two counters once per tick (no exact data-dependent number among
+    the release's fields)."""
 
+    name: str
     spec: wum.WholeUserMeanSpec
+    counting: UnitCounting
     mechanism: str = wum.MECHANISM
+    neighbours: str | None = None
 
-    def step(
-        self, state_json: dict | None, weights: dict[str, int], noise: NoiseSource
-    ) -> tuple[dict, dict[str, Any]]:
-        """(new state, release fields): no exact data-dependent number among the fields."""
-        spec = self.spec
+    @classmethod
+    def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> WholeUserMeanStatistic:
+        spec = whole_user_mean_spec(stat, cfg)
+        return cls(stat.name, spec, UnitCounting(stat.name, stat.key, stat.kind, None, False, spec))
+
+    def step(self, state_json: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
+        spec, weights = self.spec, pending or {}
         state = (
             wum.init(spec)
             if state_json is None
@@ -87,25 +85,30 @@ class WholeUserMeanCounter:
             "max_samples_per_user": spec.max_samples,
             "bounds": [float(spec.lower), float(spec.upper)],
         }
-        return state_codec.to_json(state), fields
+        return Step(state_codec.to_json(state), (fields,))
 
-    def ledger_start(self) -> dict[str, Any]:
+    def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         spec = self.spec
-        return {
+        start = {
             "note": (
                 "whole-user mean over the whole infinite stream: a kept-samples counter "
                 "and a grid-units counter at epsilon/2 each (basic composition)"
             ),
-            "split": {"samples": float(spec.samples.epsilon), "units": float(spec.units.epsilon)},
+            "split": {
+                "samples": float(spec.samples.epsilon),
+                "units": float(spec.units.epsilon),
+            },
             "sensitivities": [spec.samples.sensitivity, spec.units.sensitivity],
             "max_samples_per_user": spec.max_samples,
             "resolution": spec.resolution,
         }
+        return own_caps(entry, start)
 
 
 @dataclass(frozen=True)
 class ContinualMeanStatistic:
-    """One ``kind: mean`` statistic (see ``pipeline.stages.UserStatistic``)."""
+    """A ``kind: mean`` statistic under ``public_counts: true`` (George et al.), with
+    per-user state (``pipeline.statistic.Statistic``)."""
 
     name: str
     key: str | None
@@ -114,6 +117,7 @@ class ContinualMeanStatistic:
     # George et al.'s neighbours: one user's samples change, the arrival pattern (who sent a
     # sample when) is public. Stated on every release instead of the pipeline's setting.
     neighbours: str = "user_values_same_arrivals"
+    counting: None = None
 
     @classmethod
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> ContinualMeanStatistic:
@@ -175,15 +179,13 @@ class ContinualMeanStatistic:
         empty = msg == cm.empty_message(self.spec)
         return to_json(part), None if empty else to_json(msg)
 
-    def payload_ticks(self, report: Report) -> list[tuple[int, Any]]:
-        return [(report.tick, report.payload)]
+    def parts(self, report: Report) -> list[tuple[int, Any]]:
+        return [] if report.payload is None else [(report.tick, report.payload)]
 
     def merge(self, a: Any, b: Any) -> Any:
         return to_json(cm.merge(from_json(cm.TickMessage, a), from_json(cm.TickMessage, b)))
 
-    def step(
-        self, sstate: Any, payload: Any, tick: int, noise: NoiseSource
-    ) -> tuple[Any, list[dict], list[dict]]:
+    def step(self, sstate: Any, payload: Any, tick: int, noise: NoiseSource) -> Step:
         state = cm.init(self.spec) if sstate is None else from_json(cm.MeanState, sstate)
         msg = cm.empty_message(self.spec) if payload is None else from_json(cm.TickMessage, payload)
         state, rel = cm.step(self.spec, state, msg, noise)
@@ -204,11 +206,11 @@ class ContinualMeanStatistic:
             "medians": [[level, value] for level, value in rel.medians],
             "bounds": [float(self.spec.lower), float(self.spec.upper)],
         }
-        return to_json(state), [fields], []
+        return Step(to_json(state), (fields,))
 
-    def ledger_start(self) -> dict[str, Any]:
+    def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         split = cm.privacy_budget(self.spec)
-        return {
+        start = {
             "neighbours": self.neighbours,
             "note": (
                 "George et al. Alg. 6 over the whole stream: medians and binary mechanisms "
@@ -218,3 +220,30 @@ class ContinualMeanStatistic:
             "max_users": self.spec.n,
             "max_samples_per_user": self.spec.m,
         }
+        return own_caps(entry, start)
+
+
+def mean_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
+    """kind mean: George et al.'s continual mean when the pipeline's counts are public
+    (``privacy.public_counts: true``), else the whole-user mean."""
+    if cfg.privacy.public_counts:
+        return ContinualMeanStatistic.of(stat, cfg)
+    return WholeUserMeanStatistic.of(stat, cfg)
+
+
+def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
+    """What a mean computes, in one line (``dpstream check-config``)."""
+    m = s.mean
+    assert m is not None
+    if not cfg.privacy.public_counts:
+        return (
+            f"whole-user mean of values in [{m.lower:g}, {m.upper:g}] on {m.resolution} grid "
+            f"units, epsilon={s.epsilon:g} (half to the noisy count of kept samples, half to "
+            f"their noisy sum), each user's first {m.max_samples_per_user} samples; releases "
+            "no exact count"
+        )
+    return (
+        f"continual mean (George et al., Alg. 6) of values in [{m.lower:g}, {m.upper:g}], "
+        f"epsilon={s.epsilon:g}, at most {m.max_users} users x {m.max_samples_per_user} "
+        "samples"
+    )

@@ -1,9 +1,10 @@
-"""The contracts between the stages: what stage 1 reports to stage 2 (``Report``) and what
-a statistic with per-user state implements (``UserStatistic``).
+"""The contract every statistic kind implements (``Statistic``), what one closed tick
+gives (``Step``) and what stage 1 reports to stage 2 (``Report``).
 
-They live apart from the code that drives the stages (``stages.py``) and from their
-implementations (``means.py``, ``cells.py``), so that each of those imports this module
-and none imports another's: no import cycles.
+They live apart from the code that drives the stages (``stages.py``), from the registry
+of kinds (``kinds.py``) and from the implementations (``counters.py``, ``means.py``,
+``cells.py``), so that each of those imports this module and none imports another's: no
+import cycles.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class Report:
 
     Ticks before ``tick`` in that range were empty (caught-up markers); ``weights`` holds
     what the partition's users contributed in ``tick`` (see ``Stage1`` for the keys), and
-    ``payload`` the tick's message of a ``UserStatistic`` (None: nothing to say).
+    ``payload`` the tick's message of a statistic with per-user state (None: nothing
+    to say).
     """
 
     statistic: str
@@ -61,19 +63,52 @@ Users = Callable[[], Iterable[tuple[str, Any]]]
 """The (user id, state) pairs of one statistic over one stage-1 partition's users."""
 
 
-class UserStatistic(Protocol):
-    """A statistic whose stage-1 state is per user and per partition, not unit weights
-    (continual means, per-cell means). Every state, redo record and payload is plain JSON.
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One closed tick of one statistic: its new stage-2 state, the fields of each release
+    and each ledger entry (stage 2 adds the common fields: schema version, statistic,
+    tick, kind, epsilon, ...)."""
 
-    Stage 1 calls ``apply`` once per (record, user) with the user's events that
-    ``counts``, ``redo`` when a re-delivered record's user entry survived a crash but the
-    partition state did not (see ``Stage1.add_events``), and ``close_tick`` at a marker.
-    Stage 2 ``merge``s the partitions' payloads of a tick and calls ``step`` once per
-    closed tick (payload None: no partition had anything), in tick order.
+    state: Any
+    releases: tuple[dict[str, Any], ...] = ()
+    ledger: tuple[dict[str, Any], ...] = ()
+
+
+class Counting(Protocol):
+    """Stage 1 of a statistic whose users contribute unit weights (count, sum, histogram,
+    kselect, distinct, the whole-user mean): one shared ``used`` map per user and the
+    tick's weights, summed over users, in the report (``pipeline.counting``)."""
+
+    name: str
+
+    def add(self, events: list[Event], used: dict[str, int], kept: dict[str, dict]) -> None: ...
+
+
+class Statistic(Protocol):
+    """One statistic of one kind, as both stages see it. Every state, redo record and
+    payload is plain JSON (they live in Faust tables and on the stage-2 topic).
+
+    Stage 1 has one of two forms. ``counting`` not None: the statistic's users contribute
+    unit weights (``Counting.add``), sent as the report's ``weights``. ``counting`` None:
+    its state is per user and per partition (continual means, per-cell means); stage 1
+    calls ``counts`` and ``apply`` once per (record, user) with the user's events that
+    count, ``redo`` when a re-delivered record's user entry survived a crash but the
+    partition state did not (see ``Stage1.add_events``), and ``close_tick`` at a marker,
+    whose payload is the report's ``payload``.
+
+    Stage 2 files each report's ``parts`` under their ticks, ``merge``s the parts of one
+    tick, and calls ``step`` once per closed tick (pending None: no partition had
+    anything), in tick order. ``ledger_start`` makes the statistic's first ledger entry
+    from the common one.
     """
 
     name: str
-    mechanism: str
+    mechanism: str  # the releases' "mechanism" field
+    # The neighbouring relation its guarantee is stated for (None: the pipeline's).
+    neighbours: str | None
+    counting: Counting | None
+
+    # ------------------------------------------------------------ stage 1, per-user state
 
     def counts(self, event: Event) -> bool: ...
 
@@ -92,19 +127,43 @@ class UserStatistic(Protocol):
         ``from_tick..tick-1`` were empty (markers caught up after a gap)."""
         ...
 
-    def merge(self, a: Any, b: Any) -> Any: ...
+    # ------------------------------------------------------------ stage 2
 
-    def step(
-        self, sstate: Any, payload: Any, tick: int, noise: NoiseSource
-    ) -> tuple[Any, list[dict], list[dict]]:
-        """(state, release fields, ledger entries) of one closed tick."""
+    def parts(self, report: Report) -> list[tuple[int, Any]]:
+        """What the report brings, as (tick, part) pairs, ticks in ``from_tick..tick``
+        (none: nothing to add): a cell's slot sent at the marker after a gap is stepped
+        at the slot's last tick."""
         ...
 
-    def ledger_start(self) -> dict[str, Any]:
-        """What the statistic's first ledger entry says beyond the common fields."""
+    def merge(self, a: Any, b: Any) -> Any:
+        """Two parts of one tick as one (neither argument is changed)."""
         ...
 
-    def payload_ticks(self, report: Report) -> list[tuple[int, Any]]:
-        """The report's payload as (tick, part) pairs, ticks in ``from_tick..tick``: a
-        cell's slot sent at the marker after a gap is stepped at the slot's last tick."""
+    def step(self, state: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
+        """Advance one closed tick (``state`` None before the first)."""
         ...
+
+    def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The statistic's first ledger entry, from the common one (``entry``)."""
+        ...
+
+
+class WeightsStage2:
+    """Stage 2's side of a ``counting`` statistic: a report's part is its summed weights."""
+
+    @staticmethod
+    def parts(report: Report) -> list[tuple[int, Any]]:
+        return [(report.tick, dict(report.weights))] if report.weights else []
+
+    @staticmethod
+    def merge(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+        out = dict(a)
+        for key, value in b.items():
+            out[key] = out.get(key, 0) + value
+        return out
+
+
+def own_caps(entry: dict[str, Any], start: dict[str, Any]) -> dict[str, Any]:
+    """A first ledger entry of a statistic that bounds each user by its own caps, not a
+    tau: ``entry`` without tau, with ``start`` over it."""
+    return {**{k: v for k, v in entry.items() if k != "tau"}, **start}

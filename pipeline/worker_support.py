@@ -12,10 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig, StatisticConfig
+from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
 from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
 
-from .records import Limits, ValueRule
+from .kinds import value_rule
+from .records import Limits
 
 MIN_KEY_BYTES = 32
 KEY_FORM = (
@@ -35,23 +36,6 @@ def limits_for(cfg: PipelineConfig) -> Limits:
         cell_fields=tuple(sorted({s.cells.field for s in cfg.statistics if s.cells})),
         max_cell_key_length=cfg.input.max_cell_key_length,
         user_id_path=tuple(cfg.input.user_id_field.split(".")),
-    )
-
-
-def value_rule(stat: StatisticConfig) -> ValueRule:
-    """Count ignores values; distinct needs one; sum, histogram and kselect need 1..R;
-    mean and cell_mean any finite number (clipped by the mechanism), and cell_mean the
-    cell attribute (in ``cells.keys`` when that is given)."""
-    bound = stat.max_value if stat.kind == "sum" else stat.bins
-    cells = stat.cells
-    return ValueRule(
-        stat.name,
-        stat.key,
-        stat.kind != "count",
-        bound,
-        stat.deletions,
-        cell_field=None if cells is None else cells.field,
-        cell_keys=None if cells is None or cells.keys is None else frozenset(cells.keys),
     )
 
 

@@ -624,7 +624,7 @@ def test_a_window_keeps_the_latest_value_per_key_and_seals_at_its_size():
 
 def _per_event_add_events(stage1, pstate, users, events, offset) -> None:
     """Stage1.add_events as first written, one event at a time through
-    ``_Counted.add_event`` (the per-user closed forms must equal it)."""
+    ``UnitCounting.add_event`` (the per-user closed forms must equal it)."""
     by_user: dict[str, list] = {}
     for event in events:
         by_user.setdefault(event.user_id, []).append(event)

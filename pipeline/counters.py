@@ -1,7 +1,10 @@
-"""Which operator counts a statistic: config -> (module, spec). Glue only, no DP math.
+"""kinds count, sum, histogram, kselect and distinct: which operator counts a statistic
+(config -> module and spec), as a ``pipeline.statistic.Statistic``. Glue only, no DP math.
 
-Every counter module offers ``init(spec)``, ``step(spec, state, weight, noise)`` and a
-frozen state class; stage 2 stores the state as JSON through ``state_codec``.
+A fixed tau is a ``Counter`` (Dong-Luo-Yi Alg. 3 in stage 1, a tree counter in stage 2),
+tau: auto a ``UserLevelCounter`` (Alg. 5 and its sum, histogram, k-selection and distinct
+count). Every operator module offers ``init(spec)``, ``step(spec, state, ..., noise)``
+and a frozen state class; stage 2 stores the state as JSON through ``state_codec``.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import (
+    accounting,
     deletions,
     distinct_count,
     expiring_tree,
@@ -21,20 +25,48 @@ from dpstream.operators import (
     kary_tree,
     state_codec,
     tree_counter,
+    truncation,
     user_level,
 )
 from dpstream.operators.noise import NoiseSource
-from dpstream.operators.release import TreeRelease, interval
+from dpstream.operators.release import interval
 
-from .cells import CellMeanStatistic
-from .means import ContinualMeanStatistic
-from .statistic import UserStatistic
+from .counting import UnitCounting
+from .statistic import Statistic, Step, WeightsStage2
+
+
+def counter_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
+    """The statistic of a counting kind: a tree counter over the kept units for a fixed
+    tau, the user-level mechanisms for tau: auto."""
+    relation = cfg.privacy.neighbours.value
+    if stat.user_level:
+        return user_level_counter_for(stat, relation == Neighbours.any_subset)
+    return counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
+
+
+def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
+    """What a counting statistic computes, in one line (``dpstream check-config``)."""
+    params = "".join(
+        f", {name}={value}"
+        for name, value in (
+            ("k", s.k),
+            ("lambda", s.lam),
+            ("horizon_ticks", s.horizon_ticks),
+            ("key", s.key),
+        )
+        if value is not None
+    )
+    return f"{s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}{params}"
 
 
 @dataclass(frozen=True)
-class Counter:
-    """A statistic's continual counter: its operator module, spec and state class."""
+class Counter(WeightsStage2):
+    """A fixed-tau statistic's continual counter: its operator module, spec and state
+    class; stage 1 keeps the units of each user's first tau (``UnitCounting``)."""
 
+    name: str
+    tau: int
+    counting: UnitCounting
     mechanism: str  # the releases' "mechanism" field
     module: ModuleType
     spec: Any
@@ -42,40 +74,71 @@ class Counter:
     # For expiring mechanisms: the privacy loss eps*g(d) of an item d ticks old
     # (Andersson et al. (expiration) Def. 1.1).
     privacy_loss: Callable[[int], float] | None = None
+    neighbours: str | None = None
 
-    def step(
-        self, state_json: dict | None, weight: int, noise: NoiseSource
-    ) -> tuple[dict, TreeRelease]:
+    def step(self, state_json: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         state = (
             self.module.init(self.spec)
             if state_json is None
             else state_codec.from_json(self.state_cls, state_json)
         )
-        state, release = self.module.step(self.spec, state, weight, noise)
-        return state_codec.to_json(state), release
+        weight = (pending or {}).get("w", 0)
+        state, rel = self.module.step(self.spec, state, weight, noise)
+        fields = {
+            "step": rel.t,
+            "value": rel.value,
+            "std": rel.std,
+            "interval": interval(rel.value, rel.ci95),
+            "tau": self.tau,
+        }
+        return Step(state_codec.to_json(state), (fields,))
+
+    def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
+        curve = expiration_curve(self)
+        if not curve:
+            return entry
+        return {
+            **entry,
+            "note": "loss of an item decays with its age (Andersson et al. 2024); see expiration",
+            "expiration": curve,
+        }
 
 
 def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> Counter:
     """The counter of ``stat`` whose leaves have per-level L1 sensitivity ``sensitivity``."""
     epsilon = Fraction(repr(stat.epsilon))  # the decimal the user wrote
     prefix = (stat.name, instance)
+    common = (
+        stat.name,
+        stat.fixed_tau,
+        UnitCounting(
+            stat.name,
+            stat.key,
+            stat.kind,
+            truncation.make_truncation(stat.fixed_tau),
+            stat.deletions,
+        ),
+    )
     mechanism, k = stat.mechanism, stat.k
     if mechanism == "auto":
         # Public parameters only: choosing costs no privacy (docs/papers.md).
         mechanism, k = kary_tree.choose_tree(epsilon, sensitivity, stat.horizon_ticks, prefix)
     if mechanism == "binary":
         spec = tree_counter.make_binary_tree(epsilon, sensitivity, prefix)
-        return Counter(tree_counter.MECHANISM, tree_counter, spec, tree_counter.BinaryTreeState)
+        return Counter(
+            *common, tree_counter.MECHANISM, tree_counter, spec, tree_counter.BinaryTreeState
+        )
     if mechanism in ("kary", "kary_subtract"):
         spec = kary_tree.make_kary_tree(
             epsilon, sensitivity, prefix, k, subtract=mechanism == "kary_subtract"
         )
-        return Counter(kary_tree.mechanism(spec), kary_tree, spec, kary_tree.KaryTreeState)
+        return Counter(*common, kary_tree.mechanism(spec), kary_tree, spec, kary_tree.KaryTreeState)
     if mechanism == "expiring":
         spec = expiring_tree.make_expiring_tree(
             epsilon, sensitivity, prefix, Fraction(repr(stat.lam)), stat.delay
         )
         return Counter(
+            *common,
             expiring_tree.MECHANISM,
             expiring_tree,
             spec,
@@ -134,21 +197,31 @@ def distinct_values(weights: dict[str, int]) -> list[list[str]]:
 
 
 @dataclass(frozen=True)
-class UserLevelCounter:
+class UserLevelCounter(WeightsStage2):
     """A tau: auto statistic: its operator module and spec; the state in stage 2's table
-    is the operator state's JSON (plus m(v), the first-occurrence bands, for distinct)."""
+    is the operator state's JSON (plus m(v), the first-occurrence bands, for distinct).
+    Stage 1 counts each user's units by rank band (``UnitCounting``)."""
 
     stat: StatisticConfig
     module: ModuleType
     spec: Any
     state_cls: type
     mechanism: str
+    neighbours: str | None = None
 
-    def step(
-        self, state: dict | None, weights: dict[str, int], noise: NoiseSource
-    ) -> tuple[dict, dict[str, Any], dict[str, float] | None]:
-        """Advance one tick; return the new state, the release's fields and, when the
-        tracker or instance series spent more this tick, what both have spent so far."""
+    @property
+    def name(self) -> str:
+        return self.stat.name
+
+    @property
+    def counting(self) -> UnitCounting:
+        stat = self.stat
+        return UnitCounting(stat.name, stat.key, stat.kind, None, stat.deletions)
+
+    def step(self, state: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
+        """Advance one tick: the release and, when the tracker or instance series spent
+        more this tick, a budget entry with what both have spent so far."""
+        weights = pending or {}
         state = dict(state or {})
         old = state.get("operator")
         op_state = self.module.init(self.spec) if old is None else self._load(old)
@@ -175,7 +248,26 @@ class UserLevelCounter:
         spent = {"tracker_epsilon": float(tracker), "instances_epsilon": float(instances)}
         changed = spent != state.get("spent")
         state["spent"] = spent
-        return state, fields, spent if changed else None
+        if not changed:
+            return Step(state, (fields,))
+        # The accountant: what the tracker and instance series have committed so far.
+        entry = {
+            "event": "budget",
+            **spent,
+            "epsilon_spent": spent["tracker_epsilon"] + spent["instances_epsilon"],
+            "epsilon": self.stat.epsilon,
+            "tau": fields["tau"],
+            "svt_index": fields.get("svt_index"),
+            "instance": fields.get("instance"),
+        }
+        return Step(state, (fields,), (entry,))
+
+    def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
+        note = (
+            "Dong-Luo-Yi Alg. 5 over the whole infinite stream: tracker series below "
+            "epsilon/2, instance series below epsilon/2; budget entries follow"
+        )
+        return {**entry, "note": note}
 
     def _load(self, data: dict) -> Any:
         return state_codec.from_json(self.state_cls, data)
@@ -287,12 +379,3 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
         stat.name, eps, beta, theta, bins=bins, multiplier=2 if any_subset else 1, **options
     )
     return UserLevelCounter(stat, user_level, spec, user_level.UserLevelState, user_level.MECHANISM)
-
-
-def user_statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> UserStatistic:
-    """The ``UserStatistic`` of a kind whose stage-1 state is per user (USER_STATE_KINDS)."""
-    if stat.kind == "mean":
-        return ContinualMeanStatistic.of(stat, cfg)
-    if stat.kind == "cell_mean":
-        return CellMeanStatistic.of(stat, cfg)
-    raise ValueError(f"kind {stat.kind!r} keeps no per-user state")  # the schema rules it out
