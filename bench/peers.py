@@ -68,6 +68,8 @@ PEERS = (
     *(f"quix:{g}" for g in QUIX_GUARANTEES),
 )
 _MARKER = ".complete"
+# The harness's own admin clients: warnings and errors only (not librdkafka's notices).
+ADMIN = {"log_level": 4}
 
 
 class PeerUnavailable(RuntimeError):
@@ -306,7 +308,7 @@ def produce_source(
     from confluent_kafka import KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
     futures[topic].result(timeout=60)
 
@@ -368,7 +370,7 @@ def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
         return
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
     for future in admin.delete_topics(list(names), operation_timeout=30).values():
         with contextlib.suppress(Exception):
             future.result(timeout=60)
@@ -377,14 +379,14 @@ def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
 def _leftovers(bootstrap: str, marker: str) -> list[str]:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
     return [t for t in admin.list_topics(timeout=30).topics if marker in t]
 
 
 def _drop_group(bootstrap: str, group: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
     with contextlib.suppress(Exception):
         for future in admin.delete_consumer_groups([group], request_timeout=30).values():
             future.result(timeout=60)
@@ -525,18 +527,19 @@ def table(results: dict[str, list[dict]]) -> str:
         return fmt_bytes(x)
 
     lines = [
-        "| peer | guarantee | records | runs | records/s first→last | wall s from start "
-        "| CPU µs/record | peak RSS |",
-        "|---|---|--:|--:|--:|--:|--:|--:|",
+        "| peer | guarantee | records | runs | records/s first→last | span s "
+        "| wall s from start | CPU µs/record | peak RSS |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for peer, runs in results.items():
         name, _, guarantee = peer.partition(":")
         if not runs:
-            lines.append(f"| {name} | {guarantee} | – | 0 | failed | | | |")
+            lines.append(f"| {name} | {guarantee} | – | 0 | failed | | | | |")
             continue
         lines.append(
             f"| {name} | {guarantee} | {runs[0]['records']:,} | {len(runs)} "
             f"| {_cell([r['rate'] for r in runs], fmt_rate)} "
+            f"| {_cell([r['span_seconds'] for r in runs], secs)} "
             f"| {_cell([r['wall_seconds'] for r in runs], secs)} "
             f"| {_cell([r['cpu_us_per_record'] for r in runs], us)} "
             f"| {_cell([r['peak_rss'] for r in runs], rss)} |"

@@ -81,7 +81,8 @@ public final class PeerCount {
               .StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
     streams.start();
-    boolean complete = done.await(timeoutSeconds, TimeUnit.SECONDS);
+    // The latch also opens when a stream thread dies: complete only if every record came.
+    boolean complete = done.await(timeoutSeconds, TimeUnit.SECONDS) && seen.get() >= target;
     long lastNanos = complete ? firstLast[1] : System.nanoTime();
     long lastMillis = System.currentTimeMillis() - (System.nanoTime() - lastNanos) / 1_000_000;
     streams.close(Duration.ofSeconds(60));
