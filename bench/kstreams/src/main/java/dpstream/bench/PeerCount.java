@@ -51,6 +51,9 @@ public final class PeerCount {
     props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
     props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
     props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+    // Leave the group on close (Streams stays in it by default), so the harness can delete the
+    // run's group at once; it does not change how records are processed.
+    props.put(StreamsConfig.mainConsumerPrefix("internal.leave.group.on.close"), true);
 
     AtomicLong seen = new AtomicLong();
     long[] firstLast = new long[2];
