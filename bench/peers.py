@@ -1,0 +1,634 @@
+"""What users would write instead of dpstream, measured on the same topic (issue 16, item 1).
+
+A running per-user count over a Kafka topic of single-event JSON records keyed by user id:
+
+* **Kafka Streams** 4.1.1 (``bench/kstreams/``): ``groupByKey().count()`` with the default
+  RocksDB store, ``at_least_once`` or ``exactly_once_v2``. Built from Maven Central by
+  :func:`build_kafka_streams`, once, into ``.dpstream/bench/kstreams-<version>/``.
+* **Quix Streams** (``bench/quix_count.py``): a stateful ``apply`` counting per key,
+  ``at-least-once`` or ``exactly-once``. quixstreams (the pin of the ``bench-quix`` extra in
+  pyproject.toml) is installed by :func:`quix_python`, once, into a venv of its own,
+  ``.dpstream/bench/quixstreams-<version>/``: it pins confluent-kafka < 2.13 and
+  pydantic < 2.14, which would otherwise replace the versions dpstream itself is measured
+  with. ``make install`` (and so CI) does not install it.
+
+Each run is a fresh process (a new application id / consumer group, a fresh state dir) that
+reads the pre-produced topic from the earliest offset and stops itself after ``n`` records.
+It reports the first-to-last-record span, wall seconds from process start to the last
+record, CPU seconds of the process (start-up and shutdown included) and its peak RSS.
+
+    python -m bench.peers --records 1000000 --runs 3
+
+The broker is ``KAFKA_BOOTSTRAP_SERVERS`` if set, else one started for the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import orjson
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    fmt_bytes,
+    fmt_rate,
+    loadavg,
+    machine,
+    median,
+    proc_cpu_seconds,
+    proc_status,
+    spread,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+KSTREAMS_DIR = ROOT / "bench" / "kstreams"
+QUIX_SCRIPT = ROOT / "bench" / "quix_count.py"
+CACHE_DIR = ROOT / ".dpstream" / "bench"  # git-ignored, removed by `make clean`
+QUIX_EXTRA = "bench-quix"
+KSTREAMS_MAIN = "dpstream.bench.PeerCount"
+KSTREAMS_GUARANTEES = ("at_least_once", "exactly_once_v2")
+QUIX_GUARANTEES = ("at-least-once", "exactly-once")
+PEERS = (
+    *(f"kafka-streams:{g}" for g in KSTREAMS_GUARANTEES),
+    *(f"quix:{g}" for g in QUIX_GUARANTEES),
+)
+_MARKER = ".complete"
+# The harness's own admin clients: warnings and errors only (not librdkafka's notices).
+ADMIN = {"log_level": 4}
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer cannot be built or installed here (no JDK/Maven/network, pip failed)."""
+
+
+class PeerFailed(RuntimeError):
+    """A peer ran but did not count all its records (or crashed)."""
+
+
+def log(msg: str) -> None:
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _complete(target: Path, digest: str) -> bool:
+    try:
+        return (target / _MARKER).read_text(encoding="utf-8").strip() == digest
+    except OSError:
+        return False
+
+
+def _setup_step(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    # Fixed argument lists, no shell: our own paths, pins and constants only.
+    result = subprocess.run(  # noqa: S603
+        cmd, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise PeerUnavailable(
+            f"{what} failed (exit {result.returncode}):\n{_tail(result.stdout + result.stderr)}"
+        )
+
+
+# --------------------------------------------------------------------------- Kafka Streams
+
+
+def _kafka_version() -> str:
+    from dpstream.deploy.broker import KAFKA_VERSION
+
+    return KAFKA_VERSION
+
+
+def kstreams_dir() -> Path:
+    """Where :func:`build_kafka_streams` puts the app's jar and its ``lib/`` classpath."""
+    return CACHE_DIR / f"kstreams-{_kafka_version()}"
+
+
+def _kstreams_digest() -> str:
+    h = hashlib.sha256(_kafka_version().encode())
+    for path in sorted([KSTREAMS_DIR / "pom.xml", *(KSTREAMS_DIR / "src").rglob("*.java")]):
+        h.update(path.relative_to(KSTREAMS_DIR).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _tool(name: str, hint: str) -> str:
+    if name == "java" and os.environ.get("JAVA_HOME"):
+        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise PeerUnavailable(f"'{name}' was not found on PATH: {hint}")
+    return found
+
+
+def build_kafka_streams() -> Path:
+    """Build the Kafka Streams app with Maven (``mvn -q package``), once.
+
+    Into :func:`kstreams_dir` unless a marker there holds the digest of the pom, the Java
+    source and the Kafka version; concurrent callers serialise on a lock file.
+
+    Returns:
+        The directory holding ``peer-count.jar`` and ``lib/*.jar`` (its runtime classpath).
+
+    Raises:
+        PeerUnavailable: no JDK or Maven, or Maven failed (e.g. Maven Central unreachable).
+    """
+    target = kstreams_dir()
+    digest = _kstreams_digest()
+    if _complete(target, digest):
+        return target
+    mvn = _tool("mvn", "Apache Maven 3.6+ builds the Kafka Streams peer (apt-get install maven)")
+    _tool("java", "a JDK 17+ builds and runs the Kafka Streams peer")
+    with _locked(CACHE_DIR / ".kstreams.lock"):
+        if _complete(target, digest):
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        log(f"building the Kafka Streams peer with Maven into {target}")
+        started = time.monotonic()
+        _setup_step(
+            [
+                mvn,
+                "-q",
+                "-B",
+                "-Dstyle.color=never",
+                "-f",
+                str(KSTREAMS_DIR / "pom.xml"),
+                "package",
+                f"-Dkafka.version={_kafka_version()}",
+                f"-Dout.dir={target}",
+            ],
+            "Maven (building bench/kstreams)",
+            cwd=KSTREAMS_DIR,
+        )
+        if not (target / "peer-count.jar").is_file() or not list(
+            target.glob("lib/kafka-streams-*.jar")
+        ):
+            raise PeerUnavailable(f"Maven succeeded but {target} lacks the jar or its lib/")
+        (target / _MARKER).write_text(digest + "\n", encoding="utf-8")
+        log(f"Kafka Streams peer built in {time.monotonic() - started:.1f} s")
+    return target
+
+
+def kafka_streams_command(
+    bootstrap: str, topic: str, n: int, guarantee: str, app_id: str, state_dir: Path, timeout: float
+) -> list[str]:
+    home = build_kafka_streams()
+    java = _tool("java", "a JDK 17+ runs the Kafka Streams peer")
+    return [
+        java,
+        "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+        "-cp",
+        os.pathsep.join([str(home / "peer-count.jar"), str(home / "lib" / "*")]),
+        KSTREAMS_MAIN,
+        bootstrap,
+        topic,
+        str(n),
+        guarantee,
+        app_id,
+        str(state_dir),
+        str(int(timeout)),
+    ]
+
+
+# --------------------------------------------------------------------------- Quix Streams
+
+
+def quix_requirement() -> str:
+    """The quixstreams pin of the ``bench-quix`` extra in pyproject.toml."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (req,) = data["project"]["optional-dependencies"][QUIX_EXTRA]
+    return req
+
+
+def quix_venv() -> Path:
+    return CACHE_DIR / quix_requirement().replace("==", "-")
+
+
+def quix_python() -> str:
+    """A Python with the pinned quixstreams: its own venv, created (pip install) once.
+
+    Raises:
+        PeerUnavailable: the venv could not be made or pip could not install quixstreams.
+    """
+    req = quix_requirement()
+    target = quix_venv()
+    python = target / "bin" / "python"
+    digest = hashlib.sha256(f"{req} {sys.version}".encode()).hexdigest()
+    if _complete(target, digest):
+        return str(python)
+    with _locked(CACHE_DIR / ".quix.lock"):
+        if _complete(target, digest):
+            return str(python)
+        shutil.rmtree(target, ignore_errors=True)
+        log(f"installing {req} into {target}")
+        started = time.monotonic()
+        _setup_step([sys.executable, "-m", "venv", str(target)], "python -m venv")
+        _setup_step(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", req],
+            f"pip install {req}",
+        )
+        (target / _MARKER).write_text(digest + "\n", encoding="utf-8")
+        log(f"{req} installed in {time.monotonic() - started:.1f} s")
+    return str(python)
+
+
+def quix_command(
+    bootstrap: str, topic: str, n: int, guarantee: str, group: str, state_dir: Path, timeout: float
+) -> list[str]:
+    return [
+        quix_python(),
+        str(QUIX_SCRIPT),
+        bootstrap,
+        topic,
+        str(n),
+        guarantee,
+        f"--group={group}",
+        f"--state-dir={state_dir}",
+        f"--timeout={timeout}",
+    ]
+
+
+# --------------------------------------------------------------------------- source topic
+
+
+def zipf_weights(users: int, s: float = 1.0) -> list[float]:
+    import numpy as np
+
+    w = 1.0 / np.arange(1, users + 1, dtype=np.float64) ** s
+    return (w / w.sum()).tolist()
+
+
+def produce_source(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    users: int = 10_000,
+    partitions: int = 4,
+    *,
+    seed: int = 16,
+    zipf_s: float = 1.0,
+) -> dict:
+    """Create ``topic`` and write ``n`` single-event records, keyed by user id.
+
+    Users are drawn Zipf-like (weight 1/rank^``zipf_s``) from ``users`` ids ``u0..``; values
+    are JSON like ``{"user_id": "u1", "key": "view"}``. Written the way a data engineer would
+    with confluent-kafka: idempotent, lz4, linger 20 ms, 1 MiB batches, the Java client's
+    murmur2 partitioner (so Java and Python producers agree on where a user lives).
+
+    Returns:
+        topic, records, users, partitions and the seconds producing took.
+    """
+    import numpy as np
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
+    futures[topic].result(timeout=60)
+
+    rng = np.random.default_rng(seed)
+    ids = [f"u{i}" for i in range(users)]
+    kinds = ("view", "view", "view", "click", "purchase")
+    values = {}
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "compression.type": "lz4",
+            "linger.ms": 20,
+            "batch.size": 1 << 20,
+            "partitioner": "murmur2_random",
+        }
+    )
+    failed: list[str] = []
+
+    def delivered(err, _msg) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    started = time.monotonic()
+    p = np.asarray(zipf_weights(users, zipf_s))
+    chunk = 100_000
+    for lo in range(0, n, chunk):
+        m = min(chunk, n - lo)
+        who = rng.choice(users, size=m, p=p).tolist()
+        what = rng.integers(0, len(kinds), size=m).tolist()
+        for u, k in zip(who, what, strict=True):
+            value = values.get((u, k))
+            if value is None:
+                value = values[u, k] = orjson.dumps({"user_id": ids[u], "key": kinds[k]})
+            while True:
+                try:
+                    producer.produce(topic, value, ids[u], on_delivery=delivered)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise KafkaException(f"{len(producer)} records of {topic} not delivered in 120 s")
+    if failed:
+        raise KafkaException(f"{len(failed)} records of {topic} failed: {failed[0]}")
+    seconds = time.monotonic() - started
+    return {
+        "topic": topic,
+        "records": n,
+        "users": users,
+        "partitions": partitions,
+        "seconds": seconds,
+    }
+
+
+def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
+    """Delete topics and ignore failures (the benchmark's own leftovers)."""
+    if not names:
+        return
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(list(names), operation_timeout=30).values():
+        with contextlib.suppress(Exception):
+            future.result(timeout=60)
+
+
+def _leftovers(bootstrap: str, marker: str) -> list[str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
+    return [t for t in admin.list_topics(timeout=30).topics if marker in t]
+
+
+def _drop_group(bootstrap: str, group: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
+    with contextlib.suppress(Exception):
+        for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+            future.result(timeout=60)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _run_peer(cmd: list[str], n: int, log_path: Path | None, timeout: float) -> dict:
+    """Run one peer process to completion; its JSON line plus what /proc saw of it."""
+    with contextlib.ExitStack() as stack:
+        if log_path is None:
+            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "stderr.log"
+        with open(log_path, "w") as stderr_file:
+            started = time.monotonic()
+            # Fixed argument lists built above from our own paths and the caller's names.
+            proc = subprocess.Popen(  # noqa: S603
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_file, text=True
+            )
+            hwm, cpu = 0, None
+            deadline = started + timeout + 90
+            while proc.poll() is None:
+                hwm = max(hwm, proc_status(proc.pid).get("VmHWM", 0))
+                cpu = proc_cpu_seconds(proc.pid) or cpu
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    break
+                time.sleep(0.1)
+            out = proc.communicate()[0]
+            process_seconds = time.monotonic() - started
+        err = log_path.read_text(errors="replace")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        raise PeerFailed(f"{cmd[0]} exited {proc.returncode} with no report:\n{_tail(err)}")
+    rep = orjson.loads(lines[-1])
+    records, span = rep["records"], rep["span_seconds"]
+    if proc.returncode != 0 or records != n:
+        raise PeerFailed(
+            f"{rep.get('peer')} {rep.get('guarantee')} counted {records} of {n} records "
+            f"(exit {proc.returncode}):\n{_tail(err)}"
+        )
+    peak = max(rep.get("peak_rss") or 0, hwm) or None
+    return {
+        **rep,
+        "rate": (records - 1) / span if span else None,
+        "cpu_us_per_record": rep["cpu_seconds"] * 1e6 / records,
+        "peak_rss": peak,
+        "process_seconds": process_seconds,
+        "harness_cpu_seconds": cpu,
+    }
+
+
+def run_kafka_streams(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    guarantee: str,
+    *,
+    timeout: float = 600,
+    log_path: Path | None = None,
+) -> dict:
+    """Count ``n`` records of ``topic`` per user with Kafka Streams in a fresh JVM.
+
+    Returns:
+        rate (records/s, first to last record), wall_seconds (JVM start to the last record),
+        cpu_us_per_record (process CPU at exit / n), peak_rss (bytes), the raw report and
+        group (the run's application id; its internal topics are deleted afterwards).
+    """
+    if guarantee not in KSTREAMS_GUARANTEES:
+        raise ValueError(f"guarantee must be one of {KSTREAMS_GUARANTEES}, not {guarantee!r}")
+    app_id = f"bench-kstreams-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+    state_dir = Path(tempfile.mkdtemp(prefix="bench-kstreams-"))
+    try:
+        cmd = kafka_streams_command(bootstrap, topic, n, guarantee, app_id, state_dir, timeout)
+        return {**_run_peer(cmd, n, log_path, timeout), "group": app_id}
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+        delete_topics(bootstrap, _leftovers(bootstrap, app_id))
+        _drop_group(bootstrap, app_id)
+
+
+def run_quix(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    guarantee: str,
+    *,
+    timeout: float = 600,
+    log_path: Path | None = None,
+) -> dict:
+    """Count ``n`` records of ``topic`` per user with Quix Streams in a fresh process.
+
+    Returns the same fields as :func:`run_kafka_streams` (wall from process start).
+    """
+    if guarantee not in QUIX_GUARANTEES:
+        raise ValueError(f"guarantee must be one of {QUIX_GUARANTEES}, not {guarantee!r}")
+    group = f"bench-quix-{guarantee}-{uuid.uuid4().hex[:8]}"
+    state_dir = Path(tempfile.mkdtemp(prefix="bench-quix-"))
+    try:
+        cmd = quix_command(bootstrap, topic, n, guarantee, group, state_dir, timeout)
+        return {**_run_peer(cmd, n, log_path, timeout), "group": group}
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+        delete_topics(bootstrap, _leftovers(bootstrap, group))
+        _drop_group(bootstrap, group)
+
+
+def run_peer(peer: str, bootstrap: str, topic: str, n: int, **kw) -> dict:
+    """``peer`` as ``kafka-streams:<guarantee>`` or ``quix:<guarantee>``."""
+    name, _, guarantee = peer.partition(":")
+    runner = {"kafka-streams": run_kafka_streams, "quix": run_quix}.get(name)
+    if runner is None:
+        raise ValueError(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
+    return runner(bootstrap, topic, n, guarantee, **kw)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _cell(values: list[float], fmt) -> str:
+    lo, hi = spread(values)
+    m = median(values)
+    if len(values) < 2:
+        return fmt(m)
+    return f"{fmt(m)} ({fmt(lo)}–{fmt(hi)})"
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    """Medians with the (min–max) spread of the runs."""
+
+    def secs(x: float) -> str:
+        return f"{x:.1f}"
+
+    def us(x: float) -> str:
+        return f"{x:.1f}"
+
+    def rss(x: float) -> str:
+        return fmt_bytes(x)
+
+    lines = [
+        "| peer | guarantee | records | runs | records/s first→last | span s "
+        "| wall s from start | CPU µs/record | peak RSS |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for peer, runs in results.items():
+        name, _, guarantee = peer.partition(":")
+        if not runs:
+            lines.append(f"| {name} | {guarantee} | – | 0 | failed | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {guarantee} | {runs[0]['records']:,} | {len(runs)} "
+            f"| {_cell([r['rate'] for r in runs], fmt_rate)} "
+            f"| {_cell([r['span_seconds'] for r in runs], secs)} "
+            f"| {_cell([r['wall_seconds'] for r in runs], secs)} "
+            f"| {_cell([r['cpu_us_per_record'] for r in runs], us)} "
+            f"| {_cell([r['peak_rss'] for r in runs], rss)} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Kafka Streams and Quix Streams per-user counts.")
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--users", type=int, default=10_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {PEERS}")
+    p.add_argument("--topic", help="an existing source topic of >= --records records")
+    p.add_argument("--keep-topic", action="store_true", help="do not delete the source topic")
+    p.add_argument("--timeout", type=float, default=900, help="per run, seconds")
+    p.add_argument("--json", type=Path, help="also write every run's report here")
+    p.add_argument("--logs", type=Path, help="keep each run's stderr in this directory")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    peers = [s.strip() for s in a.peers.split(",") if s.strip()]
+    for peer in peers:
+        if peer not in PEERS:
+            raise SystemExit(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
+    # Build and install before anything is timed.
+    if any(p.startswith("kafka-streams:") for p in peers):
+        build_kafka_streams()
+    if any(p.startswith("quix:") for p in peers):
+        quix_python()
+    from dpstream.deploy.broker import BOOTSTRAP_ENV, kafka_broker
+
+    if a.logs:
+        a.logs.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        bootstrap = os.environ.get(BOOTSTRAP_ENV, "").strip() or stack.enter_context(kafka_broker())
+        topic = a.topic
+        source = {"topic": topic, "records": a.records}
+        if topic is None:
+            topic = f"bench-peers-source-{uuid.uuid4().hex[:8]}"
+            log(f"producing {a.records:,} records from {a.users:,} users into {topic}")
+            source = produce_source(bootstrap, topic, a.records, a.users, a.partitions)
+            log(f"produced in {source['seconds']:.1f} s")
+            if not a.keep_topic:
+                stack.callback(delete_topics, bootstrap, [topic])
+        results: dict[str, list[dict]] = {p: [] for p in peers}
+        errors: list[str] = []
+        load_start = loadavg()
+        for run in range(a.runs):  # interleaved, so drift in the machine's load hits all
+            for peer in peers:
+                log_path = a.logs / f"{peer.replace(':', '-')}-{run}.log" if a.logs else None
+                try:
+                    rep = run_peer(
+                        peer, bootstrap, topic, a.records, timeout=a.timeout, log_path=log_path
+                    )
+                except (PeerFailed, PeerUnavailable) as e:
+                    errors.append(f"{peer} run {run}: {e}")
+                    log(errors[-1])
+                    continue
+                results[peer].append(rep)
+                log(
+                    f"{peer} run {run}: {fmt_rate(rep['rate'])} records/s, "
+                    f"{rep['span_seconds']:.1f} s span, wall {rep['wall_seconds']:.1f} s, "
+                    f"{rep['cpu_us_per_record']:.1f} µs CPU/record, "
+                    f"peak RSS {fmt_bytes(rep['peak_rss'])}"
+                )
+    info = machine()
+    print(
+        f"Per-user count of {a.records:,} single-event records "
+        f"({source.get('users', '?')} Zipf users, {source.get('partitions', '?')} partitions), "
+        f"each run a fresh process; median (min–max) of the runs."
+    )
+    print(f"Machine: {info['cpu']}, {info['cores']} cores, {info['ram']}; {info['python']}")
+    print(f"Load average: {load_start} at start, {loadavg()} at end")
+    print()
+    print(table(results))
+    for e in errors:
+        print(f"\nerror: {e}")
+    if a.json:
+        a.json.write_bytes(
+            orjson.dumps(
+                {"source": source, "machine": info, "runs": results}, option=orjson.OPT_INDENT_2
+            )
+        )
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
