@@ -1337,30 +1337,11 @@ def dominates_section(res: Results) -> str:
             )
             out.append(
                 "* The ingest's own thread, self time in % of its samples: "
-                f"{top}. `Ingest.step`'s self time is its `consume()` call into librdkafka "
-                "(copying records into Python, waiting for fetched data or for a core), "
-                "`_commit` the "
-                "synchronous offset commit after every batch, `_await_acknowledged` the "
-                "producer flush before it: the batch loop is serial (consume, route, send, "
-                "wait for every acknowledgement, commit, then consume again), so the ingest's "
-                "CPU work and its waits on the broker never overlap."
+                f"{top}. `Ingest._read`'s self time is its `poll()`/`consume()` calls into "
+                "librdkafka (copying records into Python, waiting for fetched data or for a "
+                "core); a batch's acknowledgements arrive while the next is read and routed, "
+                "and its offsets are committed asynchronously once it is acknowledged whole."
             )
-    waits = {
-        b: median(r["first_envelope_seconds"] for r in pipeline_rows(res, b)) for b in res.datasets
-    }
-    slow = {b: w for b, w in waits.items() if b > 1 and w > 0.3}
-    if slow and 1 in waits:
-        b, w = next(iter(slow.items()))
-        out.append(
-            "* The ingest's `consume(input.ingest_batch, 0.5 s)` returns with a full batch or "
-            f"after 0.5 s: on {shape_name(b)}, {res.datasets[b].records:,} source records in "
-            "all, fewer than one batch, the first envelope reached the events topic "
-            f"+{w:.2f} s after the commit (single-event records: +{waits[1]:.2f} s). A source "
-            "slower than `ingest_batch` records per 0.5 s waits that long in every batch: "
-            "up to 0.5 s of event-to-release latency that the release latency below (release "
-            "minus tick end) does not show, since an event's tick is the one in which its "
-            "envelope reaches the events topic."
-        )
     im, m = res.ingest_micro, res.micro
     if im and m and "1" in im["shapes"]:
         route = im["shapes"]["1"]["route_us"]

@@ -69,8 +69,8 @@ class InputConfig(_Model):
     max_user_id_length: int = Field(256, ge=1, le=4096)
     # A cell key (kind cell_mean's ``cells.field`` attribute) longer than this is rejected.
     max_cell_key_length: int = Field(128, ge=1, le=4096)
-    # The most source records the ingest holds at once (consumed, not yet acknowledged by
-    # the events topic): its memory bound, and its batch.
+    # The ingest's batch of source records; it holds at most two (one unacknowledged by
+    # the events topic while the next is read): its memory bound.
     ingest_batch: int = Field(5000, ge=1, le=1_000_000)
 
     @model_validator(mode="before")

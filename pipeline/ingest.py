@@ -16,8 +16,8 @@ dead letter of the records before it, so a crash re-sends and never skips; its p
 idempotent and gapless (a partition receives a prefix of what it was sent, in order); stage
 1 drops an event at or below the last source position it counted (``drivers.unseen``).
 
-Memory is bounded: at most ``input.ingest_batch`` source records are held at a time,
-consumed, routed, sent and acknowledged before the next batch is read.
+Memory is bounded: at most two batches of ``input.ingest_batch`` source records are held,
+one on its way to the broker while the next is read and routed.
 """
 
 from __future__ import annotations
@@ -111,9 +111,7 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
             _reject(out, record, bad)
         if not events:
             continue
-        # The good events' indexes in the record: those not dead-lettered, in order.
-        rejected = {index for index, _ in bad}
-        indexes = [i for i in range(len(events) + len(bad)) if i not in rejected] if bad else None
+        indexes = _good_indexes(len(events), bad) if bad else None
         topic, source_partition, offset = record.topic, record.partition, record.offset
         for n, event in enumerate(events):
             user = event.user_id
@@ -135,6 +133,12 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
                 out, source, partition, offsets[start:end], indexes[start:end], events[start:end]
             )
     return out
+
+
+def _good_indexes(good: int, bad: list[tuple[int | None, str]]) -> list[int]:
+    """The good events' indexes in their record: those not dead-lettered, in order."""
+    rejected = {index for index, _ in bad}
+    return [i for i in range(good + len(bad)) if i not in rejected]
 
 
 def _reject(out: Routed, record: SourceRecord, bad: list[tuple[int | None, str]]) -> None:
