@@ -36,7 +36,7 @@ import tempfile
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -137,14 +137,12 @@ def _kstreams_digest() -> str:
 
 
 def _tool(name: str, hint: str) -> str:
-    if name == "java" and os.environ.get("JAVA_HOME"):
-        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
-        if candidate.is_file():
-            return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        raise PeerUnavailable(f"'{name}' was not found on PATH: {hint}")
-    return found
+    from dpstream.deploy import broker
+
+    try:
+        return broker.require_tool(name, hint)
+    except broker.BrokerError as exc:
+        raise PeerUnavailable(str(exc)) from None
 
 
 def build_kafka_streams() -> Path:
@@ -458,14 +456,12 @@ def run_kafka_streams(
     if guarantee not in KSTREAMS_GUARANTEES:
         raise ValueError(f"guarantee must be one of {KSTREAMS_GUARANTEES}, not {guarantee!r}")
     app_id = f"bench-kstreams-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
-    state_dir = Path(tempfile.mkdtemp(prefix="bench-kstreams-"))
-    try:
-        cmd = kafka_streams_command(bootstrap, topic, n, guarantee, app_id, state_dir, timeout)
-        return {**_run_peer(cmd, n, log_path, timeout), "group": app_id}
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
-        delete_topics(bootstrap, _leftovers(bootstrap, app_id))
-        _drop_group(bootstrap, app_id)
+    return _run_fresh(
+        bootstrap, app_id, n, log_path, timeout,
+        lambda state_dir: kafka_streams_command(
+            bootstrap, topic, n, guarantee, app_id, state_dir, timeout
+        ),
+    )  # fmt: skip
 
 
 def run_quix(
@@ -484,10 +480,25 @@ def run_quix(
     if guarantee not in QUIX_GUARANTEES:
         raise ValueError(f"guarantee must be one of {QUIX_GUARANTEES}, not {guarantee!r}")
     group = f"bench-quix-{guarantee}-{uuid.uuid4().hex[:8]}"
-    state_dir = Path(tempfile.mkdtemp(prefix="bench-quix-"))
+    return _run_fresh(
+        bootstrap, group, n, log_path, timeout,
+        lambda state_dir: quix_command(bootstrap, topic, n, guarantee, group, state_dir, timeout),
+    )  # fmt: skip
+
+
+def _run_fresh(
+    bootstrap: str,
+    group: str,
+    n: int,
+    log_path: Path | None,
+    timeout: float,
+    command: Callable[[Path], list[str]],
+) -> dict:
+    """One peer run in a fresh process with a state directory of its own; afterwards its
+    state, internal topics and consumer group are removed."""
+    state_dir = Path(tempfile.mkdtemp(prefix=f"{group}-"))
     try:
-        cmd = quix_command(bootstrap, topic, n, guarantee, group, state_dir, timeout)
-        return {**_run_peer(cmd, n, log_path, timeout), "group": group}
+        return {**_run_peer(command(state_dir), n, log_path, timeout), "group": group}
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
         delete_topics(bootstrap, _leftovers(bootstrap, group))

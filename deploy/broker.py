@@ -95,7 +95,8 @@ def jar_dir() -> Path:
     return DEPLOY_DIR / ".cache" / f"kafka-{KAFKA_VERSION}"
 
 
-def _require_tool(name: str, hint: str) -> str:
+def require_tool(name: str, hint: str) -> str:
+    """The path of ``name`` (``java``: under $JAVA_HOME first); BrokerError with ``hint``."""
     if name == "java" and os.environ.get("JAVA_HOME"):
         candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
         if candidate.is_file():
@@ -107,7 +108,7 @@ def _require_tool(name: str, hint: str) -> str:
 
 
 def _java() -> str:
-    return _require_tool(
+    return require_tool(
         "java", "The local Kafka broker needs a JDK 17+ (e.g. apt-get install openjdk-17-jdk)."
     )
 
@@ -149,7 +150,7 @@ def fetch_jars(*, quiet: bool = True) -> Path:
     target = jar_dir()
     if _jars_complete(target):
         return target
-    mvn = _require_tool(
+    mvn = require_tool(
         "mvn", "Install Apache Maven 3.6+ (e.g. apt-get install maven) to fetch the Kafka jars."
     )
     _java()

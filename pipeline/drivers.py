@@ -71,9 +71,12 @@ class Stage1Driver:
         sources = pstate.setdefault("sources", {})
         last = sources.get(envelope.source)
         events = envelope.events
-        if last is not None:
-            start = bisect.bisect_right(envelope.positions(), (last[0], last[1]))
-            events = events[start:]
+        if last is not None and events:
+            seen = (last[0], last[1])
+            if (envelope.offsets[-1], envelope.indexes[-1]) <= seen:
+                events = []  # all re-sent
+            elif (envelope.offsets[0], envelope.indexes[0]) <= seen:  # a re-send's tail
+                events = events[bisect.bisect_right(envelope.positions(), seen) :]
         if events:
             sources[envelope.source] = [envelope.offsets[-1], envelope.indexes[-1]]
         return events

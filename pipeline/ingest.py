@@ -384,7 +384,7 @@ class Ingest:
 def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> dict[str, dict]:
     """Per source partition: the ingest group's committed offset, the end, and the lag
     (what ``dpstream lag`` prints; a Kafka tool's ``--describe --group`` says the same)."""
-    consumer = Consumer({**consumer_config(cfg, bootstrap), "enable.auto.commit": False})
+    consumer = Consumer(consumer_config(cfg, bootstrap))
     try:
         out: dict[str, dict] = {}
         topics = consumer.list_topics(timeout=timeout).topics
