@@ -218,7 +218,7 @@ def create_app(
                 await handle_report(partition, at, earlier, in_gap=True)
             sstate = stage2_state.get(report.statistic) or sstate
         try:
-            releases, ledger = driver2.on_report(sstate, report)
+            releases, ledger = driver2.on_report(sstate, report, offset)
         except StatisticChanged as exc:
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
@@ -230,7 +230,6 @@ def create_app(
             topic = release_topics[report.statistic]
             sent.append(await topic.send(key=key, value=orjson.dumps(release)))
         await acknowledged(sent)
-        driver2.done(sstate, offset)
         stage2_state[report.statistic] = sstate
 
     @app.agent(stage2_topic, name="stage2")

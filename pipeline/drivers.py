@@ -129,17 +129,24 @@ class Stage2Driver:
     @staticmethod
     def missing_reports(sstate: dict, report: Report) -> int | None:
         """The stage-2 offset to read from when reports of this statistic and stage-1
-        partition went missing before ``report`` (a consumer hole), else None."""
+        partition went missing before ``report`` (a consumer hole), else None.
+
+        That is just after the OLDEST of the stage-1 partitions' last absorbed reports:
+        every missing report of every partition lies after it. Reading only after the
+        statistic's latest report would lose one that a later report of another partition
+        was absorbed after (its tick would then close without it, and be released a second
+        time with other contents); reading only after this partition's would miss another
+        partition's report skipped before that (it would be absorbed out of order)."""
         last = sstate["reported"].get(str(report.partition))
         if last is not None and report.from_tick > last + 1:
-            return sstate.get("offset", -1) + 1
+            return min(sstate.get("offsets", {}).values(), default=-1) + 1
         return None
 
-    def on_report(self, sstate: dict, report: Report) -> tuple[list[dict], list[dict]]:
-        """(releases, ledger entries) of every tick ``report`` closes."""
-        return self.stage2.on_report(sstate, report)
-
-    @staticmethod
-    def done(sstate: dict, offset: int) -> None:
-        """Report ``offset`` is applied: where a later gap read starts."""
-        sstate["offset"] = max(sstate.get("offset", -1), offset)
+    def on_report(self, sstate: dict, report: Report, offset: int) -> tuple[list[dict], list[dict]]:
+        """(releases, ledger entries) of every tick report ``offset`` closes."""
+        part = str(report.partition)
+        last = sstate["reported"].get(part)
+        out = self.stage2.on_report(sstate, report)
+        if last is None or report.tick > last:  # absorbed, not a re-delivered copy
+            sstate.setdefault("offsets", {})[part] = offset
+        return out

@@ -43,6 +43,7 @@ def replay(
     users: dict[str, dict] = {}
     pstates = [Stage1.new_partition_state() for _ in range(partitions)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
+    sent = 0  # the stage-2 topic's offsets: one report after another, no holes
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
@@ -58,7 +59,8 @@ def replay(
                 if p == 0 and rejected is not None:
                     rejected.extend((lineno, index or 0, reason) for index, reason in bad)
                 for report in reports:
-                    yield from driver2.on_report(sstates[report.statistic], report)[0]
+                    yield from driver2.on_report(sstates[report.statistic], report, sent)[0]
+                    sent += 1
             continue
         try:
             events, bad = decode_events(line, BATCH if isinstance(obj, list) else None, limits)

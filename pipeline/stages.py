@@ -247,6 +247,7 @@ class Stage2:
             "last_closed": None,
             "tree": None,  # the mechanism's state, once the first tick closes
             "identity": None,  # fingerprint, parameters and start tick, at the first close
+            "offsets": {},  # partition -> stage-2 offset of its last absorbed report
         }
 
     def on_report(self, sstate: dict, report: Report) -> tuple[list[dict], list[dict]]:

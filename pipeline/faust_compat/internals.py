@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,18 +26,37 @@ def memory_store(table: Any) -> tuple[dict[str, Any], dict[str, int]]:
 
 def send_first_on_flush(app: faust.App, send: Callable[[], Awaitable[None]]) -> None:
     """Make the app's producer flush (before a commit, at a rebalance, at shutdown) await
-    ``send`` first, then wait until Faust's own send buffer is empty.
+    ``send`` first, then wait until Faust's own send buffer is empty and no message of it
+    is still on its way to aiokafka.
 
     Faust's ``ProducerBuffer.flush`` gives up after 0.1 s without a send (``flush_atmost``,
     faust-streaming 0.15.3), so offsets were committed while changelog writes of the
     committed records still sat in the buffer, and a crash lost them for good
-    (docs/reliability.md). The loop waits for them.
+    (docs/reliability.md). The loop waits for them. Its ``size`` also drops as soon as its
+    sender task takes a message, before that message reaches aiokafka's accumulator
+    (``publish_message`` awaits the producer and the send): aiokafka's flush, which comes
+    next, would not wait for it. Counting the sends under way closes that gap. Call this
+    before the app starts (the sender task reads ``_send_pending`` when it starts).
     """
     buffer = app.producer.buffer
+    send_pending = buffer._send_pending
+    under_way = 0
+
+    async def counted_send_pending(fut: Any) -> None:
+        nonlocal under_way
+        under_way += 1
+        try:
+            await send_pending(fut)
+        finally:
+            under_way -= 1
 
     async def flush() -> None:
         await send()
-        while buffer.size:
-            await buffer.flush_atmost(None)
+        while buffer.size or under_way:
+            if buffer.size:
+                await buffer.flush_atmost(None)
+            else:
+                await asyncio.sleep(0.001)
 
+    buffer._send_pending = counted_send_pending  # type: ignore[method-assign]
     buffer.flush = flush  # type: ignore[method-assign]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from types import SimpleNamespace
 
 import faust
@@ -63,9 +64,11 @@ def test_uncommitted_stream_partitions_seek_to_their_beginning(monkeypatch):
 
 
 def test_a_producer_flush_sends_the_windows_first_and_waits_for_the_buffer():
-    # What Faust's ProducerBuffer offers and the hook uses.
+    # What Faust's ProducerBuffer offers and the hook uses: its sender task reads
+    # _send_pending once, when it starts (so the hook, installed before, is the one used).
     real = faust.App("flush-test", broker="kafka://127.0.0.1:9").producer.buffer
-    assert callable(real.flush_atmost) and real.size == 0
+    assert callable(real.flush_atmost) and real.size == 0 and callable(real._send_pending)
+    assert "send_pending = self._send_pending" in inspect.getsource(type(real)._handle_pending.fun)
     order: list[str] = []
 
     class Buffer:  # two sends pending, one leaves per flush_atmost
@@ -75,6 +78,9 @@ def test_a_producer_flush_sends_the_windows_first_and_waits_for_the_buffer():
             order.append(f"buffer {n}")
             self.size -= 1
 
+        async def _send_pending(self, fut):
+            pass
+
     app = SimpleNamespace(producer=SimpleNamespace(buffer=Buffer()))
 
     async def send():
@@ -83,6 +89,46 @@ def test_a_producer_flush_sends_the_windows_first_and_waits_for_the_buffer():
     faust_compat.send_first_on_flush(app, send)
     asyncio.run(app.producer.buffer.flush())
     assert order == ["windows", "buffer None", "buffer None"]
+
+
+def test_a_producer_flush_waits_for_a_message_on_its_way_to_aiokafka():
+    # The buffer is empty (its sender took the message) but the send has not reached
+    # aiokafka yet: the flush must not return before it has.
+    order: list[str] = []
+    arrived = None
+
+    class Buffer:
+        size = 0
+
+        async def flush_atmost(self, n):
+            raise AssertionError("nothing is in the buffer")
+
+        async def _send_pending(self, fut):
+            await arrived.wait()
+            order.append(f"sent {fut}")
+
+    async def send():
+        order.append("windows")
+
+    app = SimpleNamespace(producer=SimpleNamespace(buffer=Buffer()))
+    faust_compat.send_first_on_flush(app, send)
+
+    async def run() -> None:
+        nonlocal arrived
+        arrived = asyncio.Event()
+        buffer = app.producer.buffer
+        sender = asyncio.ensure_future(buffer._send_pending("m1"))  # as _handle_pending does
+        await asyncio.sleep(0)
+        flush = asyncio.ensure_future(buffer.flush())
+        await asyncio.sleep(0.01)
+        assert not flush.done()
+        arrived.set()
+        await flush
+        order.append("flushed")
+        await sender
+
+    asyncio.run(run())
+    assert order == ["windows", "sent m1", "flushed"]
 
 
 def test_a_memory_table_exposes_its_entries_and_key_partitions():
