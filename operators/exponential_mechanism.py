@@ -60,44 +60,77 @@ class DegenerateNoise(Exception):
 class NoiseBits:
     """Fair random bits for one choice, bit j from the draw of node ``(*node, j)``."""
 
-    __slots__ = ("_noise", "_node", "_next", "degenerate")
+    __slots__ = ("_noise", "_node", "_next", "degenerate", "scale", "max_zero_run")
 
-    def __init__(self, noise: NoiseSource, node: NodeId) -> None:
+    def __init__(
+        self,
+        noise: NoiseSource,
+        node: NodeId,
+        scale: Fraction = BIT_SCALE,
+        max_zero_run: int = MAX_ZERO_RUN,
+    ) -> None:
         """Bind a noise source to the public identity of one choice.
 
         Args:
             noise: where the draws come from.
             node: public identity of the choice, e.g. (statistic, cell, slot, "interval").
+            scale: the discrete Laplace scale of a bit's draw (P(draw = 0) ~ 1 / (2 scale)).
+            max_zero_run: zero draws in a row after which the source is degenerate.
         """
         node_bytes(node)  # validates the identity
         self._noise = noise
         self._node = tuple(node)
         self._next = 0
         self.degenerate = False
+        self.scale = scale
+        self.max_zero_run = max_zero_run
 
     @property
     def draws(self) -> int:
         """Number of noise draws made so far (each is one node)."""
         return self._next
 
+    def nonzero(self, scale: Fraction) -> int:
+        """The next non-zero draw at ``scale`` (each draw is the next node).
+
+        Raises:
+            DegenerateNoise: the source gave ``max_zero_run`` zeros in a row (now or before).
+        """
+        if self.degenerate:
+            raise DegenerateNoise
+        for _ in range(self.max_zero_run):
+            z = self._noise.discrete_laplace((*self._node, self._next), scale)
+            self._next += 1
+            if z:
+                return z
+        self.degenerate = True
+        raise DegenerateNoise
+
     def bit(self) -> int:
-        """One exactly fair bit.
+        """One exactly fair bit: the sign of a non-zero draw (a discrete Laplace is
+        symmetric).
 
         Returns:
             0 or 1.
 
         Raises:
-            DegenerateNoise: the source gave ``MAX_ZERO_RUN`` zeros in a row (now or before).
+            DegenerateNoise: as ``nonzero``.
         """
-        if self.degenerate:
-            raise DegenerateNoise
-        for _ in range(MAX_ZERO_RUN):
-            z = self._noise.discrete_laplace((*self._node, self._next), BIT_SCALE)
-            self._next += 1
-            if z:
-                return int(z > 0)
-        self.degenerate = True
-        raise DegenerateNoise
+        return int(self.nonzero(self.scale) > 0)
+
+
+def bernoulli_exp(gamma: Fraction, bits: NoiseBits) -> bool:
+    """True with probability exp(-gamma), gamma >= 0 rational, exactly.
+
+    For Z discrete Laplace with scale s * den, P(|Z| - 1 >= k | Z != 0) = exp(-k / (s den));
+    with k = num * s that is exp(-num / den) (s = ``bits.scale``; one non-zero draw).
+
+    Raises:
+        DegenerateNoise: as ``NoiseBits.nonzero``.
+    """
+    if gamma == 0:
+        return True
+    return abs(bits.nonzero(bits.scale * gamma.denominator)) - 1 >= gamma.numerator * bits.scale
 
 
 def uniform_below(n: int, bits: NoiseBits) -> int:

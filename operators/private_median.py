@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from . import _validate
+from .exponential_mechanism import DegenerateNoise, NoiseBits, bernoulli_exp, uniform_below
 from .noise import NodeId, NoiseSource, node_bytes
 
 MECHANISM = "private_median"
 
-_COIN_BITS = 20
-_COIN_SCALE = Fraction(1 << _COIN_BITS)
+_COIN_SCALE = Fraction(1 << 20)
 _ZERO_STREAK = 64
 
 
@@ -236,15 +236,18 @@ def select(spec: PrivateMedianSpec, histogram: Sequence[int], noise: NoiseSource
     if len(c) == 1:
         return 0
     low = min(c)
-    coins = _Coins(noise, spec.node_prefix)
+    coins = NoiseBits(noise, spec.node_prefix, _COIN_SCALE, _ZERO_STREAK)
     quarter = spec.epsilon / 4
     try:
         while True:
-            i = coins.uniform(len(c))
-            if coins.bernoulli_exp(quarter * (c[i] - low)):
+            i = uniform_below(len(c), coins)
+            if coins.degenerate:  # a noiseless test source: the mode
+                break
+            if bernoulli_exp(quarter * (c[i] - low), coins):
                 return i
-    except _ZeroSourceError:
-        return c.index(low)
+    except DegenerateNoise:
+        pass
+    return c.index(low)
 
 
 def midpoint(spec: PrivateMedianSpec, index: int) -> float:
@@ -260,42 +263,3 @@ def _checked(spec: PrivateMedianSpec, histogram: Sequence[int]) -> Sequence[int]
     return histogram
 
 
-class _ZeroSourceError(Exception):
-    """The noise source returned 0 on every draw: a ZeroNoise test source."""
-
-
-class _Coins:
-    """Exact coins from discrete Laplace draws at fresh node ids (module docstring)."""
-
-    def __init__(self, noise: NoiseSource, prefix: NodeId) -> None:
-        self._noise = noise
-        self._prefix = prefix
-        self._next = 0
-
-    def _nonzero(self, scale: Fraction) -> int:
-        for _ in range(_ZERO_STREAK):
-            z = self._noise.discrete_laplace((*self._prefix, self._next), scale)
-            self._next += 1
-            if z:
-                return z
-        raise _ZeroSourceError
-
-    def bit(self) -> int:
-        return 1 if self._nonzero(_COIN_SCALE) > 0 else 0
-
-    def uniform(self, n: int) -> int:
-        bits = (n - 1).bit_length()
-        while True:
-            value = 0
-            for _ in range(bits):
-                value = value << 1 | self.bit()
-            if value < n:
-                return value
-
-    def bernoulli_exp(self, gamma: Fraction) -> bool:
-        """True with probability exp(-gamma), gamma >= 0 rational."""
-        if gamma == 0:
-            return True
-        scale = _COIN_SCALE * gamma.denominator
-        threshold = gamma.numerator << _COIN_BITS
-        return abs(self._nonzero(scale)) - 1 >= threshold
