@@ -8,8 +8,8 @@ process reading the whole topic:
 
   a. the ceilings: a plain consumer (aiokafka, confluent-kafka, and confluent-kafka with
      ``fetch.queue.backoff.ms=10``) reading and parsing the topic;
-  b. the naive Faust agent that only parses and counts (and, in full mode, three
-     diagnostic variants of it with stage 1's table writes);
+  b. the naive Faust agent that only parses and counts (and, when named in
+     ``--contenders``, three diagnostic variants of it with stage 1's table writes);
   c. the peers, on single-event records: Kafka Streams ``groupByKey().count()``
      (at_least_once, exactly_once_v2) and a Quix Streams stateful count (at-least-once,
      exactly-once);
@@ -25,8 +25,8 @@ contender's ratio to the ceilings of the same run) and the targets as ratios to 
 of the same run, and writes docs/benchmarks.md. ``--profile`` adds py-spy and cProfile
 profiles of the worker (section "Profile: <label>", kept across runs with other labels).
 
-    .venv/bin/python -m bench.throughput                 # full: 3 runs, ~40 min
-    .venv/bin/python -m bench.throughput --quick         # 1 run, small sizes, ~3 min
+    .venv/bin/python -m bench.throughput                 # full: 3 runs, ~20-40 min
+    .venv/bin/python -m bench.throughput --quick         # 1 run, small sizes, ~2 min
     .venv/bin/python -m bench.throughput --span kafka-streams=5000000  # a longer span
     .venv/bin/python -m bench.throughput --profile --profile-label after
     .venv/bin/python -m bench.throughput --render RUN.json [OUT.md]  # re-render a --json run

@@ -101,8 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--contenders",
-        help=f"comma-separated, from {','.join(CONTENDERS)} (default all; quick: not "
-        f"{' and '.join(EXPERIMENTS)})",
+        help=f"comma-separated, from {','.join(CONTENDERS)} (default all but the naive "
+        f"agent's diagnostic variants {', '.join(EXPERIMENTS)})",
     )
     p.add_argument(
         "--latency-rate",
@@ -154,7 +154,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.latency_rates = [float(r) for r in args.latency_rate.split(",") if r.strip()]
     args.memory_list = [int(u) for u in args.memory_users.split(",") if u.strip()]
     if args.contenders is None:
-        args.contenders = ",".join(c for c in CONTENDERS if not (q and c in EXPERIMENTS))
+        args.contenders = ",".join(c for c in CONTENDERS if c not in EXPERIMENTS)
     args.contenders = [c for c in args.contenders.split(",") if c]
     args.profile_tools = [t for t in args.profile_tools.split(",") if t]
     args.ingest_modes = [m for m in args.ingest_mode.split(",") if m]

@@ -131,10 +131,10 @@ def memory_section(res: Results) -> str:
     out = []
     if res.memory:
         out.append(
-            f"Each run: a fresh worker over a log of {res.args.memory_events:,} events (envelopes "
-            "of up to the largest `--batch`) from N users taking turns; VmRSS and VmHWM read "
-            "from /proc once T1 is released. Every run has the same log length and, with N "
-            "at least partitions x envelope size, the same number of table writes (every "
+            f"Each run: a fresh worker over a log of {res.args.memory_events:,} events (source "
+            "batches of up to the largest `--batch`) from N users taking turns; VmRSS and VmHWM "
+            "read from /proc once T1 is released. Every run has the same log length and, "
+            "with N at least partitions x batch size, the same number of table writes (every "
             "envelope holds distinct users), so the slope over N is the memory per user and "
             "the intercept is the worker's baseline plus the high-water of its transient "
             "allocations. The latter is large for a pre-produced log: the changelog writes "
@@ -719,8 +719,8 @@ worker's, not its ingest process's). Per-run numbers are at the end.
 A fresh worker (tick {a.tick:g} s, ingest {a.ingest_modes[0]}); once it has released its first
 tick and its ingest holds every source partition, this process produces into the source topic
 at the target rate for {a.latency_seconds:g} s with a plain confluent-kafka Producer (lz4,
-otherwise defaults; every 50 ms what is due: single-event records keyed by user, or batch
-envelopes of up to the batch size). Latency of a release = its CreateTime minus its
+otherwise defaults; every 50 ms what is due: single-event records keyed by user, or source
+batches, JSON arrays of up to the batch size). Latency of a release = its CreateTime minus its
 `tick_end_unix`, for every statistic and every tick lying wholly inside the production window.
 Percentiles are nearest-rank (with fewer than 100 samples, p99 is the maximum). After
 production this process waits at most {a.latency_wait or max(15.0, a.latency_seconds):g} s for
@@ -779,16 +779,16 @@ objects above plus the dict slot) + per statistic its stage-2 state (O(log t) in
   compare the third ceiling).
 * **Naive peer** (`bench/naive_agent.py`): a Faust app with the worker's settings and one
   agent (`stream.events()`, raw serializers) that reads the header, skips tick markers,
-  `orjson.loads` the value and counts. Time = first record the agent sees to the last
-  event counted. Three diagnostic variants of it (not in `--quick`): **+ stage 1's table
-  writes** (one Faust table write per distinct user per record plus one per partition,
-  i.e. the pipeline's state writes without any DP logic), **changelog as 1 batch per
-  record** (the same writes put into the memory store directly, their changelog entries
-  sent as one aiokafka record batch per input record instead of one Faust `send_soon`
-  each), and **changelog by aiokafka's send()** (each entry sent with the underlying
-  aiokafka producer's `send`, which still batches across records). They split the
-  pipeline's cost into "Faust", "state writes" and "DP logic", and measure two ways to
-  make the writes cheap.
+  `orjson.loads` the value and counts. Time = first record the agent sees to the last event
+  counted. Three diagnostic variants of it (only when named in `--contenders`): **+ stage
+  1's table writes** (one Faust table write per distinct user per record plus one per
+  partition, i.e. the pipeline's state writes without any DP logic), **changelog as 1 batch
+  per record** (the same writes put into the memory store directly, their changelog entries
+  sent as one aiokafka record batch per input record instead of one Faust `send_soon` each),
+  and **changelog by aiokafka's send()** (each entry sent with the underlying aiokafka
+  producer's `send`, which still batches across records). They split the pipeline's cost
+  into "Faust", "state writes" and "DP logic", and measure two ways to make the writes
+  cheap.
 * **Kafka Streams** (`bench/kstreams/`, Kafka Streams 4.1.1 built by Maven from the
   project's own pom): `builder.stream(topic).groupByKey().count()` with the default cached
   RocksDB store, `at_least_once` and `exactly_once_v2`, everything else at Kafka Streams'
