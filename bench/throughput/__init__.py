@@ -27,7 +27,7 @@ profiles of the worker (section "Profile: <label>", kept across runs with other 
 
     .venv/bin/python -m bench.throughput                 # full: 3 runs, ~20-40 min
     .venv/bin/python -m bench.throughput --quick         # 1 run, small sizes, ~2 min
-    .venv/bin/python -m bench.throughput --span kafka-streams=5000000  # a longer span
+    .venv/bin/python -m bench.throughput --span quix=2000000  # a longer span for Quix
     .venv/bin/python -m bench.throughput --profile --profile-label after
     .venv/bin/python -m bench.throughput --render RUN.json [OUT.md]  # re-render a --json run
 

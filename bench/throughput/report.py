@@ -657,6 +657,7 @@ def document(res: Results) -> str:
     span_note = "".join(
         f"; {LABELS[name]}: {n:,} records, a longer span so that its start-up does not dominate"
         for name, n in a.spans.items()
+        if n != a.singles
     )
     loaded = (
         "**Measured while other work shared the machine: not final numbers.**"
