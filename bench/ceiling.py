@@ -1,6 +1,6 @@
 """The ceiling: a plain consumer reading and parsing a pre-produced source topic.
 
-Run by ``bench/throughput.py`` in a subprocess of its own, once per client:
+Run by ``bench.throughput`` (its contenders) in a subprocess of its own, once per client:
 
     python -m bench.ceiling aiokafka|confluent|confluent-backoff --bootstrap B --topic T \
         --ends '{"0": n0, ...}'
@@ -14,14 +14,15 @@ assigned), no commits. A pass is timed from the first fetch request (the client 
 connected and knows the offsets) to the last record parsed; passes repeat, each from
 offset 0, until ``--min-seconds`` have been timed, so that a small topic still gives a
 stable rate. Prints one JSON line ``{"client", "events", "records", "passes", "seconds",
-"cpu_seconds"}`` with per-pass means; ``cpu_seconds`` is the process's CPU time (all
-threads).
+"cpu_seconds", "first_pass_end", "peak_rss"}`` with per-pass means; ``cpu_seconds`` is the
+process's CPU time (all threads), ``first_pass_end`` the Unix time the first pass ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ import orjson
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpstream.pipeline.records import BATCH, TICK, header_kind  # noqa: E402
+from bench.common import proc_status  # noqa: E402
+from dpstream.pipeline.records import BATCH, ENVELOPE, TICK, header_kind  # noqa: E402
 
 TIMEOUT = 600.0
 # FETCH_WAIT: the clients' only non-default setting. At the end of a pass a fetch request
@@ -50,6 +52,7 @@ class Tally:
         self.seconds = 0.0
         self.cpu_seconds = 0.0
         self._t0 = self._c0 = 0.0
+        self.first_pass_end = 0.0  # Unix time the first pass read its last record
 
     def start(self) -> None:
         self._t0, self._c0 = time.perf_counter(), time.process_time()
@@ -58,13 +61,19 @@ class Tally:
         self.seconds += time.perf_counter() - self._t0
         self.cpu_seconds += time.process_time() - self._c0
         self.passes += 1
+        self.first_pass_end = self.first_pass_end or time.time()
 
     def parse(self, value: bytes | None, headers) -> None:
         kind = header_kind(headers)
         if kind == TICK:
             return
         obj = orjson.loads(value)
-        self.events += len(obj) if kind == BATCH else 1
+        if kind == BATCH:
+            self.events += len(obj)
+        elif kind == ENVELOPE:  # dpstream's columnar envelope: one offset per event
+            self.events += len(obj["o"])
+        else:
+            self.events += 1
         self.records += 1
 
     def result(self, client: str) -> dict:
@@ -75,6 +84,8 @@ class Tally:
             "passes": self.passes,
             "seconds": self.seconds / self.passes,
             "cpu_seconds": self.cpu_seconds / self.passes,
+            "first_pass_end": self.first_pass_end,
+            "peak_rss": proc_status(os.getpid()).get("VmHWM"),
         }
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the Kafka benchmarks (``bench/throughput.py`` and its contenders).
+"""Shared pieces of the Kafka benchmarks (``bench/throughput/`` and its contenders).
 
 Nothing here times anything: process and machine facts from ``/proc``, percentiles, and
 the one function that pre-produces an input topic the way dpstream's producer does.

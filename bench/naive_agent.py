@@ -1,26 +1,26 @@
 """The naive peer: a plain Faust agent that only parses and counts.
 
-Run by ``bench/throughput.py`` in a subprocess of its own:
+Run by ``bench.throughput`` (its contenders) in a subprocess of its own:
 
     python -m bench.naive_agent --bootstrap B --topic T --partitions P --expect N --result F
 
 Same Faust version, transport (aiokafka), app settings and raw serializers as dpstream's
 worker (``pipeline/app.py``), one agent on the input topic: per record it reads the
-``dpstream`` header, skips tick markers, ``orjson.loads`` the value and counts its events
-(an envelope's array length). No tables, no outputs. With ``--tables`` it also does stage 1's
-state writes without any DP logic: per record, one write to a Faust table (memory store,
-changelogged) per distinct user (``u:<user>`` -> a small dict with a count) and one per
-partition (``p:<partition>``), the write pattern of ``pipeline/app.py``'s stage 1, to
-separate what the state writes cost from what the DP work costs. ``--tables batched``
-makes the same writes into the table's local store directly and sends their changelog
-entries (same topic, partition, keys, values and order) as ONE aiokafka record batch per
-input record, instead of one Faust ``send_soon`` per write: the experiment behind the
-worker's ``pipeline/changelog.py``, which batches across records as well.
-``--tables direct`` sends each entry with the aiokafka producer's own ``send`` instead
+``dpstream`` header, skips tick markers, ``orjson.loads`` the value and counts its events (a
+batch's array length, a columnar envelope's user column). No tables, no outputs. With
+``--tables`` it also does stage 1's state writes without any DP logic: per record, one write
+to a Faust table (memory store, changelogged) per distinct user (``u:<user>`` -> a small
+dict with a count) and one per partition (``p:<partition>``), the write pattern of
+``pipeline/app.py``'s stage 1, to separate what the state writes cost from what the DP work
+costs. ``--tables batched`` makes the same writes into the table's local store directly and
+sends their changelog entries (same topic, partition, keys, values and order) as ONE
+aiokafka record batch per input record, instead of one Faust ``send_soon`` per write: the
+experiment behind the worker's ``pipeline/changelog.py``, which batches across records as
+well. ``--tables direct`` sends each entry with the aiokafka producer's own ``send`` instead
 (no Faust ``send_soon``/``ProducerBuffer``; aiokafka still batches across records).
 
 When ``N`` events have been counted it writes ``{"events", "records", "seconds",
-"cpu_seconds"}`` to ``F`` (``seconds`` from the first record the agent saw to the N-th
+"cpu_seconds", "last_epoch"}`` to ``F`` (``seconds`` from the first record the agent saw to the N-th
 event; ``cpu_seconds`` the process's CPU time, all threads, over the same span) and keeps
 running until the harness stops it.
 """
@@ -40,7 +40,7 @@ import orjson
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpstream.pipeline.records import BATCH, TICK, header_kind  # noqa: E402
+from dpstream.pipeline.records import BATCH, ENVELOPE, TICK, header_kind  # noqa: E402
 
 
 def build_app(
@@ -110,13 +110,19 @@ def build_app(
             if kind == TICK:
                 continue
             obj = orjson.loads(event.value)
-            state["events"] += len(obj) if kind == BATCH else 1
+            users = (
+                [e["user_id"] for e in obj]
+                if kind == BATCH
+                else obj["u"]  # dpstream's columnar envelope
+                if kind == ENVELOPE
+                else [obj["user_id"]]
+            )
+            state["events"] += len(users)
             state["records"] += 1
             if table is not None:
                 msg = event.message
-                users = {e["user_id"] for e in obj} if kind == BATCH else {obj["user_id"]}
                 writes = []
-                for user in users:
+                for user in set(users):
                     key = f"u:{user}"
                     entry = table.get(key) or {"n": 0, "offset": -1}
                     writes.append((key, {"n": entry["n"] + 1, "offset": msg.offset}))
@@ -138,6 +144,7 @@ def build_app(
                     "records": state["records"],
                     "seconds": time.perf_counter() - state["first"],
                     "cpu_seconds": time.process_time() - state["cpu0"],
+                    "last_epoch": time.time(),
                 }
                 tmp = result.with_suffix(".tmp")
                 tmp.write_bytes(orjson.dumps(out))

@@ -1,9 +1,9 @@
-"""The Quix Streams peer of the benchmark (bench/peers.py): a running per-user count.
+"""The Quix Streams peer of the benchmark (bench/throughput/peers.py): a running per-user count.
 
 What a Quix Streams user would write for it: a stateful ``apply`` over a topic keyed by user
 id (Quix scopes state to the message key), JSON values, Quix's defaults otherwise (RocksDB
 state with changelog topics, commit every 5 s). Run in a fresh process by
-``bench.peers.run_quix``::
+``bench.throughput.peers.run_peer``::
 
     python bench/quix_count.py BOOTSTRAP TOPIC RECORDS at-least-once|exactly-once \
         --group G --state-dir DIR

@@ -36,18 +36,23 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine  # noqa: E402
-from bench.throughput import (  # noqa: E402
+from bench.throughput.datasets import synthetic  # noqa: E402
+from bench.throughput.workers import (  # noqa: E402
+    DEFAULT_LOGLEVEL,
     KEY_ENV,
-    PRODUCER_QUEUE,
-    WORKER,
     Watcher,
     base_config,
     ingest_assigned,
     run_config,
     stop,
-    synthetic,
     write_config,
 )
+
+# dpstream's producer with room for a whole pre-produced log in its queue.
+PRODUCER_QUEUE = {
+    "queue.buffering.max.messages": 2_000_000,
+    "queue.buffering.max.kbytes": 2_000_000,
+}
 
 
 def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, str]) -> dict:
@@ -61,9 +66,7 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
     )
     ensure_topics(cfg, bootstrap)
     logs = [args.workdir / f"{cfg.app_id}.{i}.log" for i in range(workers)]
-    procs = [
-        spawn_worker(path, bootstrap, log, env=env, loglevel=WORKER["loglevel"]) for log in logs
-    ]
+    procs = [spawn_worker(path, bootstrap, log, env=env, loglevel=DEFAULT_LOGLEVEL) for log in logs]
     watcher = Watcher(bootstrap, cfg, events=args.events)
     try:
         deadline = time.time() + 120

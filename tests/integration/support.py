@@ -281,3 +281,18 @@ def hooked(tmp_path: Path, source: str) -> dict[str, str]:
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(source)
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+
+
+def require_peer(peer: str) -> None:
+    """Build or install a benchmark peer (``kafka-streams:...``, ``quix:...``) or skip the
+    test where it cannot be had here (no Maven, no network); under ``CI=true`` fail: CI
+    must run the peers."""
+    from bench.throughput import peers
+
+    setup = peers.build_kafka_streams if peer.startswith("kafka-streams") else peers.quix_python
+    try:
+        setup()
+    except peers.PeerUnavailable as e:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the peer benchmarks, but: {e}", pytrace=False)
+        pytest.skip(f"peer unavailable here: {e}")

@@ -1,5 +1,5 @@
-"""Smoke test of the benchmark's peers (bench/peers.py): each of Kafka Streams and Quix
-Streams, under each guarantee, counts a tiny pre-produced topic in a fresh process and
+"""Smoke test of the benchmark's peers (bench/throughput/peers.py): each of Kafka Streams and
+Quix Streams, under each guarantee, counts a tiny pre-produced topic in a fresh process and
 reports every record. Nothing here asserts on timings.
 
 The peers are built on first use (``mvn package`` of bench/kstreams, a venv with the
@@ -9,40 +9,33 @@ network) the test skips, except under ``CI=true``, where it fails: CI must run t
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from bench import peers
+from bench.throughput import peers
+from bench.throughput.datasets import SINGLE, messages, preproduce, synthetic
+from tests.integration.support import require_peer
 
 pytestmark = pytest.mark.integration
 
 RECORDS = 2_000
 
 
-def require(setup: Callable[[], object]) -> None:
-    try:
-        setup()
-    except peers.PeerUnavailable as e:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI must run the peer benchmarks, but: {e}", pytrace=False)
-        pytest.skip(f"peer unavailable here: {e}")
-
-
 @pytest.fixture(scope="module")
 def source(bootstrap: str) -> Iterator[str]:
-    topic = f"test-peers-source-{uuid.uuid4().hex[:8]}"
-    made = peers.produce_source(bootstrap, topic, RECORDS, users=200, partitions=2)
-    assert made["records"] == RECORDS
-    yield topic
-    peers.delete_topics(bootstrap, [topic])
+    """The benchmark's own single-event dataset: JSON keyed by user id, as the other
+    contenders read it."""
+    msgs, n = messages(synthetic(200, RECORDS, 16), 1)
+    made = preproduce(bootstrap, "test-peers", SINGLE, 2, msgs, n)
+    assert made.records == made.events == RECORDS
+    yield made.topic
+    peers.delete_topics(bootstrap, [made.topic])
 
 
 @pytest.mark.parametrize("peer", peers.PEERS)
 def test_peer_counts_every_record(bootstrap, source, peer, tmp_path):
-    require(peers.build_kafka_streams if peer.startswith("kafka-streams") else peers.quix_python)
+    require_peer(peer)
     rep = peers.run_peer(peer, bootstrap, source, RECORDS, timeout=120, log_path=tmp_path / "log")
     assert rep["records"] == RECORDS
     assert rep["peer"] == peer.partition(":")[0]

@@ -1,4 +1,4 @@
-"""What users would write instead of dpstream, measured on the same topic (issue 16, item 1).
+"""What users would write instead of dpstream: the peers among the contenders (issue 16).
 
 A running per-user count over a Kafka topic of single-event JSON records keyed by user id:
 
@@ -16,15 +16,11 @@ Each run is a fresh process (a new application id / consumer group, a fresh stat
 reads the pre-produced topic from the earliest offset and stops itself after ``n`` records.
 It reports the first-to-last-record span, wall seconds from process start to the last
 record, CPU seconds of the process (start-up and shutdown included) and its peak RSS.
-
-    python -m bench.peers --records 1000000 --runs 3
-
-The broker is ``KAFKA_BOOTSTRAP_SERVERS`` if set, else one started for the run.
+``bench.throughput`` runs them as contenders, on the same topic as the others.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -41,21 +37,9 @@ from pathlib import Path
 
 import orjson
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import proc_cpu_seconds, proc_status
 
-from bench.common import (  # noqa: E402
-    fmt_bytes,
-    fmt_rate,
-    loadavg,
-    machine,
-    median,
-    proc_cpu_seconds,
-    proc_status,
-    spread,
-)
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KSTREAMS_DIR = ROOT / "bench" / "kstreams"
 QUIX_SCRIPT = ROOT / "bench" / "quix_count.py"
 CACHE_DIR = ROOT / ".dpstream" / "bench"  # git-ignored, removed by `make clean`
@@ -272,94 +256,7 @@ def quix_command(
     ]
 
 
-# --------------------------------------------------------------------------- source topic
-
-
-def zipf_weights(users: int, s: float = 1.0) -> list[float]:
-    import numpy as np
-
-    w = 1.0 / np.arange(1, users + 1, dtype=np.float64) ** s
-    return (w / w.sum()).tolist()
-
-
-def produce_source(
-    bootstrap: str,
-    topic: str,
-    n: int,
-    users: int = 10_000,
-    partitions: int = 4,
-    *,
-    seed: int = 16,
-    zipf_s: float = 1.0,
-) -> dict:
-    """Create ``topic`` and write ``n`` single-event records, keyed by user id.
-
-    Users are drawn Zipf-like (weight 1/rank^``zipf_s``) from ``users`` ids ``u0..``; values
-    are JSON like ``{"user_id": "u1", "key": "view"}``. Written the way a data engineer would
-    with confluent-kafka: idempotent, lz4, linger 20 ms, 1 MiB batches, the Java client's
-    murmur2 partitioner (so Java and Python producers agree on where a user lives).
-
-    Returns:
-        topic, records, users, partitions and the seconds producing took.
-    """
-    import numpy as np
-    from confluent_kafka import KafkaException, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient(ADMIN | {"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)
-    futures[topic].result(timeout=60)
-
-    rng = np.random.default_rng(seed)
-    ids = [f"u{i}" for i in range(users)]
-    kinds = ("view", "view", "view", "click", "purchase")
-    values = {}
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "compression.type": "lz4",
-            "linger.ms": 20,
-            "batch.size": 1 << 20,
-            "partitioner": "murmur2_random",
-        }
-    )
-    failed: list[str] = []
-
-    def delivered(err, _msg) -> None:
-        if err is not None:
-            failed.append(str(err))
-
-    started = time.monotonic()
-    p = np.asarray(zipf_weights(users, zipf_s))
-    chunk = 100_000
-    for lo in range(0, n, chunk):
-        m = min(chunk, n - lo)
-        who = rng.choice(users, size=m, p=p).tolist()
-        what = rng.integers(0, len(kinds), size=m).tolist()
-        for u, k in zip(who, what, strict=True):
-            value = values.get((u, k))
-            if value is None:
-                value = values[u, k] = orjson.dumps({"user_id": ids[u], "key": kinds[k]})
-            while True:
-                try:
-                    producer.produce(topic, value, ids[u], on_delivery=delivered)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        producer.poll(0)
-    if producer.flush(120) != 0:
-        raise KafkaException(f"{len(producer)} records of {topic} not delivered in 120 s")
-    if failed:
-        raise KafkaException(f"{len(failed)} records of {topic} failed: {failed[0]}")
-    seconds = time.monotonic() - started
-    return {
-        "topic": topic,
-        "records": n,
-        "users": users,
-        "partitions": partitions,
-        "seconds": seconds,
-    }
+# --------------------------------------------------------------------------- clean-up
 
 
 def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
@@ -437,53 +334,38 @@ def _run_peer(cmd: list[str], n: int, log_path: Path | None, timeout: float) -> 
     }
 
 
-def run_kafka_streams(
+def run_peer(
+    peer: str,
     bootstrap: str,
     topic: str,
     n: int,
-    guarantee: str,
     *,
     timeout: float = 600,
     log_path: Path | None = None,
 ) -> dict:
-    """Count ``n`` records of ``topic`` per user with Kafka Streams in a fresh JVM.
+    """Count ``n`` records of ``topic`` per user with ``peer`` (``kafka-streams:<guarantee>``
+    or ``quix:<guarantee>``) in a fresh process (a JVM for Kafka Streams).
 
     Returns:
-        rate (records/s, first to last record), wall_seconds (JVM start to the last record),
-        cpu_us_per_record (process CPU at exit / n), peak_rss (bytes), the raw report and
-        group (the run's application id; its internal topics are deleted afterwards).
+        rate (records/s, first to last record), wall_seconds (process start to the last
+        record), cpu_us_per_record (process CPU at exit / n), peak_rss (bytes), the raw
+        report and group (the run's application id / consumer group; its internal topics
+        are deleted afterwards).
     """
-    if guarantee not in KSTREAMS_GUARANTEES:
-        raise ValueError(f"guarantee must be one of {KSTREAMS_GUARANTEES}, not {guarantee!r}")
-    app_id = f"bench-kstreams-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+    if peer not in PEERS:
+        raise ValueError(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
+    family, _, guarantee = peer.partition(":")
+    short = "kstreams" if family == "kafka-streams" else family
+    group = f"bench-{short}-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+    make = kafka_streams_command if family == "kafka-streams" else quix_command
     return _run_fresh(
-        bootstrap, app_id, n, log_path, timeout,
-        lambda state_dir: kafka_streams_command(
-            bootstrap, topic, n, guarantee, app_id, state_dir, timeout
-        ),
-    )  # fmt: skip
-
-
-def run_quix(
-    bootstrap: str,
-    topic: str,
-    n: int,
-    guarantee: str,
-    *,
-    timeout: float = 600,
-    log_path: Path | None = None,
-) -> dict:
-    """Count ``n`` records of ``topic`` per user with Quix Streams in a fresh process.
-
-    Returns the same fields as :func:`run_kafka_streams` (wall from process start).
-    """
-    if guarantee not in QUIX_GUARANTEES:
-        raise ValueError(f"guarantee must be one of {QUIX_GUARANTEES}, not {guarantee!r}")
-    group = f"bench-quix-{guarantee}-{uuid.uuid4().hex[:8]}"
-    return _run_fresh(
-        bootstrap, group, n, log_path, timeout,
-        lambda state_dir: quix_command(bootstrap, topic, n, guarantee, group, state_dir, timeout),
-    )  # fmt: skip
+        bootstrap,
+        group,
+        n,
+        log_path,
+        timeout,
+        lambda state_dir: make(bootstrap, topic, n, guarantee, group, state_dir, timeout),
+    )
 
 
 def _run_fresh(
@@ -503,143 +385,3 @@ def _run_fresh(
         shutil.rmtree(state_dir, ignore_errors=True)
         delete_topics(bootstrap, _leftovers(bootstrap, group))
         _drop_group(bootstrap, group)
-
-
-def run_peer(peer: str, bootstrap: str, topic: str, n: int, **kw) -> dict:
-    """``peer`` as ``kafka-streams:<guarantee>`` or ``quix:<guarantee>``."""
-    name, _, guarantee = peer.partition(":")
-    runner = {"kafka-streams": run_kafka_streams, "quix": run_quix}.get(name)
-    if runner is None:
-        raise ValueError(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
-    return runner(bootstrap, topic, n, guarantee, **kw)
-
-
-# --------------------------------------------------------------------------- report
-
-
-def _cell(values: list[float], fmt) -> str:
-    lo, hi = spread(values)
-    m = median(values)
-    if len(values) < 2:
-        return fmt(m)
-    return f"{fmt(m)} ({fmt(lo)}–{fmt(hi)})"
-
-
-def table(results: dict[str, list[dict]]) -> str:
-    """Medians with the (min–max) spread of the runs."""
-
-    def secs(x: float) -> str:
-        return f"{x:.1f}"
-
-    def us(x: float) -> str:
-        return f"{x:.1f}"
-
-    def rss(x: float) -> str:
-        return fmt_bytes(x)
-
-    lines = [
-        "| peer | guarantee | records | runs | records/s first→last | span s "
-        "| wall s from start | CPU µs/record | peak RSS |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    for peer, runs in results.items():
-        name, _, guarantee = peer.partition(":")
-        if not runs:
-            lines.append(f"| {name} | {guarantee} | – | 0 | failed | | | | |")
-            continue
-        lines.append(
-            f"| {name} | {guarantee} | {runs[0]['records']:,} | {len(runs)} "
-            f"| {_cell([r['rate'] for r in runs], fmt_rate)} "
-            f"| {_cell([r['span_seconds'] for r in runs], secs)} "
-            f"| {_cell([r['wall_seconds'] for r in runs], secs)} "
-            f"| {_cell([r['cpu_us_per_record'] for r in runs], us)} "
-            f"| {_cell([r['peak_rss'] for r in runs], rss)} |"
-        )
-    return "\n".join(lines)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Kafka Streams and Quix Streams per-user counts.")
-    p.add_argument("--records", type=int, default=1_000_000)
-    p.add_argument("--users", type=int, default=10_000)
-    p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {PEERS}")
-    p.add_argument("--topic", help="an existing source topic of >= --records records")
-    p.add_argument("--keep-topic", action="store_true", help="do not delete the source topic")
-    p.add_argument("--timeout", type=float, default=900, help="per run, seconds")
-    p.add_argument("--json", type=Path, help="also write every run's report here")
-    p.add_argument("--logs", type=Path, help="keep each run's stderr in this directory")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    peers = [s.strip() for s in a.peers.split(",") if s.strip()]
-    for peer in peers:
-        if peer not in PEERS:
-            raise SystemExit(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
-    # Build and install before anything is timed.
-    if any(p.startswith("kafka-streams:") for p in peers):
-        build_kafka_streams()
-    if any(p.startswith("quix:") for p in peers):
-        quix_python()
-    from dpstream.deploy.broker import BOOTSTRAP_ENV, kafka_broker
-
-    if a.logs:
-        a.logs.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-        bootstrap = os.environ.get(BOOTSTRAP_ENV, "").strip() or stack.enter_context(kafka_broker())
-        topic = a.topic
-        source = {"topic": topic, "records": a.records}
-        if topic is None:
-            topic = f"bench-peers-source-{uuid.uuid4().hex[:8]}"
-            log(f"producing {a.records:,} records from {a.users:,} users into {topic}")
-            source = produce_source(bootstrap, topic, a.records, a.users, a.partitions)
-            log(f"produced in {source['seconds']:.1f} s")
-            if not a.keep_topic:
-                stack.callback(delete_topics, bootstrap, [topic])
-        results: dict[str, list[dict]] = {p: [] for p in peers}
-        errors: list[str] = []
-        load_start = loadavg()
-        for run in range(a.runs):  # interleaved, so drift in the machine's load hits all
-            for peer in peers:
-                log_path = a.logs / f"{peer.replace(':', '-')}-{run}.log" if a.logs else None
-                try:
-                    rep = run_peer(
-                        peer, bootstrap, topic, a.records, timeout=a.timeout, log_path=log_path
-                    )
-                except (PeerFailed, PeerUnavailable) as e:
-                    errors.append(f"{peer} run {run}: {e}")
-                    log(errors[-1])
-                    continue
-                results[peer].append(rep)
-                log(
-                    f"{peer} run {run}: {fmt_rate(rep['rate'])} records/s, "
-                    f"{rep['span_seconds']:.1f} s span, wall {rep['wall_seconds']:.1f} s, "
-                    f"{rep['cpu_us_per_record']:.1f} µs CPU/record, "
-                    f"peak RSS {fmt_bytes(rep['peak_rss'])}"
-                )
-    info = machine()
-    print(
-        f"Per-user count of {a.records:,} single-event records "
-        f"({source.get('users', '?')} Zipf users, {source.get('partitions', '?')} partitions), "
-        f"each run a fresh process; median (min–max) of the runs."
-    )
-    print(f"Machine: {info['cpu']}, {info['cores']} cores, {info['ram']}; {info['python']}")
-    print(f"Load average: {load_start} at start, {loadavg()} at end")
-    print()
-    print(table(results))
-    for e in errors:
-        print(f"\nerror: {e}")
-    if a.json:
-        a.json.write_bytes(
-            orjson.dumps(
-                {"source": source, "machine": info, "runs": results}, option=orjson.OPT_INDENT_2
-            )
-        )
-    return 1 if errors else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

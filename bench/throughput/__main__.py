@@ -1,0 +1,5 @@
+import sys
+
+from bench.throughput.cli import main
+
+sys.exit(main())
