@@ -1,7 +1,7 @@
 """Shared pieces of the Kafka benchmarks (``bench/throughput/`` and its contenders).
 
-Nothing here times anything: process and machine facts from ``/proc``, percentiles, and
-the one function that pre-produces an input topic the way dpstream's producer does.
+Nothing here times anything: process and machine facts from ``/proc`` and percentiles
+(pre-producing topics is ``bench/throughput/datasets.py``).
 """
 
 from __future__ import annotations
