@@ -136,7 +136,9 @@ class Stage2Driver:
         statistic's latest report would lose one that a later report of another partition
         was absorbed after (its tick would then close without it, and be released a second
         time with other contents); reading only after this partition's would miss another
-        partition's report skipped before that (it would be absorbed out of order)."""
+        partition's report skipped before that (it would be absorbed out of order).
+        A hole before a partition's FIRST report of a statistic cannot be told from a
+        start; Faust's holes come at rebalances, when every partition has long reported."""
         last = sstate["reported"].get(str(report.partition))
         if last is not None and report.from_tick > last + 1:
             return min(sstate.get("offsets", {}).values(), default=-1) + 1
