@@ -8,7 +8,7 @@ that ratio from below, with a stated confidence:
 
 1. **Samples.** n outputs of M(x) and n of M(x'), each run with fresh noise from a seeded
    source (``operators.noise.SeededNoise``), memoized per node within a run
-   (``PerRunNodeNoise``) so a node asked twice in one run gives the same value, exactly
+   (``per_run_noise``) so a node asked twice in one run gives the same value, exactly
    as the keyed production source does; across runs the draws are independent, so a run
    has the output distribution of the keyed mechanism under a uniformly random key.
 2. **Features.** An output is the vector of releases r_1..r_T. The features are every
@@ -43,35 +43,22 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpstream.operators.noise import NodeId, NoiseSource, SeededNoise
+from dpstream.operators.noise import NodeId, NoiseSource, RecordingNoise, SeededNoise
+from tests.noise_doubles import MemoNoise, NodeNoise
 
 # ---------------------------------------------------------------------------------------
 # Noise for audit runs
 
 
-class PerRunNodeNoise:
+def per_run_noise(seed: int, scale_factor: Fraction = Fraction(1)) -> MemoNoise:
     """Seeded noise, one draw per (node, scale) per run: a keyed source with a fresh key.
 
     ``new_run()`` forgets the drawn nodes; the underlying generator keeps going, so runs
-    are independent and the whole sample is reproducible from the seed.
+    are independent and the whole sample is reproducible from the seed. A ``scale_factor``
+    of 1/2 gives the deliberately broken mechanism: every node's noise scale halved.
     """
-
-    def __init__(self, seed: int, scale_factor: Fraction = Fraction(1)) -> None:
-        self._inner = SeededNoise(seed)
-        self._memo: dict[tuple[NodeId, Fraction], int] = {}
-        # 1/2 gives the deliberately broken mechanism: every node's noise scale halved.
-        self._factor = scale_factor
-
-    def new_run(self) -> None:
-        self._memo.clear()
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        key = (node, scale)
-        value = self._memo.get(key)
-        if value is None:
-            value = self._inner.discrete_laplace(node, scale * self._factor)
-            self._memo[key] = value
-        return value
+    seeded = SeededNoise(seed)
+    return MemoNoise(lambda node, scale: seeded.discrete_laplace(node, scale * scale_factor))
 
 
 Mechanism = Callable[[NoiseSource], Sequence[int]]
@@ -80,24 +67,12 @@ Mechanism = Callable[[NoiseSource], Sequence[int]]
 
 def sample(mechanism: Mechanism, n: int, seed: int, broken: bool = False) -> np.ndarray:
     """n independent runs (rows) of ``mechanism``; ``broken`` halves every noise scale."""
-    noise = PerRunNodeNoise(seed, Fraction(1, 2) if broken else Fraction(1))
+    noise = per_run_noise(seed, Fraction(1, 2) if broken else Fraction(1))
     rows = []
     for _ in range(n):
         noise.new_run()
         rows.append(mechanism(noise))
     return np.asarray(rows, dtype=np.int64)
-
-
-class _Probe:
-    """A noise source that records the nodes asked for and returns chosen values."""
-
-    def __init__(self, values: dict[tuple[NodeId, Fraction], int] | None = None) -> None:
-        self.values = values or {}
-        self.asked: dict[tuple[NodeId, Fraction], None] = {}  # insertion-ordered set
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        self.asked[node, scale] = None
-        return self.values.get((node, scale), 0)
 
 
 @dataclass(frozen=True)
@@ -131,19 +106,20 @@ def linearize(mechanism: Mechanism, checks: int = 200, seed: int = 0) -> Linear:
     A tree counter's release is ``exact + sum(sign * noise(node))`` over a public set of
     nodes (``operators.release.noisy_release``), so this is exact; the checks make sure.
     """
-    probe = _Probe()
+    probe = RecordingNoise(NodeNoise(0))
     exact = np.asarray(mechanism(probe), dtype=np.int64)
-    nodes = list(probe.asked)
+    nodes = list(dict.fromkeys((node, scale) for node, scale, _ in probe.calls))
     matrix = np.zeros((len(exact), len(nodes)), dtype=np.int64)
     for i, key in enumerate(nodes):
-        out = np.asarray(mechanism(_Probe({key: 1})), dtype=np.int64)
+        unit = NodeNoise(lambda node, scale, key=key: int((node, scale) == key))
+        out = np.asarray(mechanism(unit), dtype=np.int64)
         matrix[:, i] = out - exact
-    noise = PerRunNodeNoise(seed)
+    noise = per_run_noise(seed)
     for _ in range(checks):
         noise.new_run()
         real = np.asarray(mechanism(noise), dtype=np.int64)
         z = np.array([noise.discrete_laplace(node, scale) for node, scale in nodes])
-        assert set(noise._memo) == set(nodes), "the mechanism asked for other nodes"
+        assert set(noise.drawn) == set(nodes), "the mechanism asked for other nodes"
         assert np.array_equal(real, exact + matrix @ z), "the release is not exact + A z"
     return Linear(exact, nodes, matrix)
 

@@ -1,6 +1,6 @@
-"""Helpers the operator tests share: a fast memoizing noise double, an exact binomial tail
-bound, and the exact output likelihood of tree counters (the privacy sanity checks of the
-expiring and round-restart counters). A plain module, so that no test module imports another."""
+"""Helpers the operator tests share: an exact binomial tail bound, and the exact output
+likelihood of tree counters (the privacy sanity checks of the expiring and round-restart
+counters). A plain module, so that no test module imports another."""
 
 from __future__ import annotations
 
@@ -13,35 +13,6 @@ import numpy as np
 
 from dpstream.operators.noise import NodeId, ZeroNoise
 from dpstream.operators.release import Term
-
-
-class MemoNoise:
-    """Fast test source with the keyed semantics of production: the first draw of a
-    (node, scale) is remembered and every later request for it returns the same value (a
-    lazily sampled random oracle, like KeyedNoise). Draws are G1 - G2 with G geometric of
-    success 1 - exp(-1/b) (numpy, float p): P(Z = z) proportional to exp(-|z|/b) up to the
-    float rounding of p. Test use only; ~10x faster than the exact sampler."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-        self._memo: dict[tuple[NodeId, int, int], int] = {}
-        self._pool: dict[tuple[int, int], list] = {}
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        memo_key = (node, scale.numerator, scale.denominator)
-        value = self._memo.get(memo_key)
-        if value is None:
-            key = memo_key[1:]
-            buf = self._pool.get(key)
-            if buf is None or buf[1] >= len(buf[0]):
-                p = -math.expm1(-1 / float(scale))
-                draws = self._rng.geometric(p, 4096) - self._rng.geometric(p, 4096)
-                buf = [draws.tolist(), 0]
-                self._pool[key] = buf
-            value = buf[0][buf[1]]
-            buf[1] += 1
-            self._memo[memo_key] = value
-        return value
 
 
 def binomial_upper(n: int, p: float, alpha: float = 1e-6) -> int:

@@ -24,6 +24,7 @@ from dpstream.operators import private_quantile as pq
 from dpstream.operators import pseudo_users as pu
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, SeededNoise, ZeroNoise
+from tests.noise_doubles import NodeNoise
 
 KEY = b"cell-means-test-key-0123456789abcdef"
 CELL = ("speed", "8a2a1072b59ffff", 17)
@@ -530,12 +531,7 @@ def test_exactly_one_mean_draw_and_public_node_ids() -> None:
 
 def test_noise_is_added_on_the_lattice() -> None:
     spec = make("array_averaging", grouping="wrap_around", m_ub=3)
-
-    class Fixed:
-        def discrete_laplace(self, node, scale):
-            return 5
-
-    out = cm.release_cell(spec, CELL, aggs(spec, E1), Fixed())
+    out = cm.release_cell(spec, CELL, aggs(spec, E1), NodeNoise(5))
     rho = Fraction(200, 3) / 1024
     f = Fraction(170, 3)
     assert out.release.value == float((math.floor(f / rho + Fraction(1, 2)) + 5) * rho)

@@ -31,6 +31,7 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
+from tests.noise_doubles import MemoNoise, NodeNoise, shifted_noise
 from tests.operators.support import (
     discrete_laplace_pmf,
     log_likelihood,
@@ -48,25 +49,14 @@ def make(lam=1, delay=0, epsilon=1, sensitivity=1, prefix=("s", 0)) -> et.Expiri
     return et.make_expiring_tree(epsilon, sensitivity, prefix, lam, delay)
 
 
-class FormulaNoise:
-    """E1: the noise of interval [k 2^l, (k+1) 2^l - 1] is 10 l + k (scale ignored)."""
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        return 10 * node[-2] + node[-1]
+# E1: the noise of interval [k 2^l, (k+1) 2^l - 1] is 10 l + k (scale ignored).
+FORMULA_NOISE = NodeNoise(lambda node, scale: 10 * node[-2] + node[-1])
 
 
-class DictNoise:
-    """Fixed pseudo-random noise per node (drawn once, then reused), plus optional shifts."""
-
-    def __init__(self, seed: int, shifts: dict[NodeId, int] | None = None) -> None:
-        self.rng = random.Random(seed)
-        self.table: dict[NodeId, int] = {}
-        self.shifts = shifts or {}
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        if node not in self.table:
-            self.table[node] = self.rng.randint(-30, 30)
-        return self.table[node] + self.shifts.get(node, 0)
+def table_noise(seed: int) -> MemoNoise:
+    """Fixed pseudo-random noise per node in [-30, 30] (drawn once, then reused)."""
+    rng = random.Random(seed)
+    return MemoNoise(lambda node, scale: rng.randint(-30, 30))
 
 
 # ---------------------------------------------------------------------------------------
@@ -101,14 +91,14 @@ def test_log_likelihood_of_a_shared_node_sums_out_the_latent_noise():
 
 def test_e1_noise_wiring_without_delay():
     spec = make(lam=2, delay=0)
-    assert values(et, spec, [0] * 9, FormulaNoise()) == [1, 13, 14, 37, 38, 40, 41, 75, 76]
+    assert values(et, spec, [0] * 9, FORMULA_NOISE) == [1, 13, 14, 37, 38, 40, 41, 75, 76]
     # t = 6 uses [6,6], [6,7], [4,7]: 6 + 13 + 21
     assert [n[-2:] for n, _, _ in et.release_terms(spec, 6)] == [(0, 6), (1, 3), (2, 1)]
 
 
 def test_e1_noise_wiring_with_delay_two():
     spec = make(lam=3, delay=2)
-    assert values(et, spec, [1] * 9, FormulaNoise()) == [0, 0, 2, 15, 17, 41, 43, 46, 48]
+    assert values(et, spec, [1] * 9, FORMULA_NOISE) == [0, 0, 2, 15, 17, 41, 43, 46, 48]
 
 
 def batch_outputs(spec: et.ExpiringTreeSpec, weights: Sequence[int], z: Callable) -> list[int]:
@@ -133,7 +123,7 @@ def batch_outputs(spec: et.ExpiringTreeSpec, weights: Sequence[int], z: Callable
 )
 def test_e1_streaming_matches_batch_recomputation(weights, delay, lam):
     spec = make(lam=lam, delay=delay)
-    assert values(et, spec, weights, FormulaNoise()) == batch_outputs(
+    assert values(et, spec, weights, FORMULA_NOISE) == batch_outputs(
         spec, weights, lambda lvl, k: 10 * lvl + k
     )
 
@@ -383,9 +373,8 @@ def test_p4_coupling_reproduces_the_outputs_at_cost_at_most_g(tau, data, delay, 
     decomposition = et.canonical_decomposition(j, last) if last >= j else []
     shifts = {et.node_id(spec, iv): -delta for iv in decomposition}
     seed = data.draw(st.integers(0, 2**31))
-    assert values(et, spec, weights, DictNoise(seed)) == values(
-        et, spec, other, DictNoise(seed, shifts)
-    )
+    noise = table_noise(seed)
+    assert values(et, spec, weights, noise) == values(et, spec, other, shifted_noise(noise, shifts))
     cost = sum((abs(delta) * et.level_cost(spec, lvl) for lvl, _ in decomposition), Fraction(0))
     assert cost <= sens * et.expiration(spec, tau - j + 1)
     assert cost == abs(delta) * et.coupling_cost(spec, j, tau)
@@ -403,7 +392,8 @@ def test_p4_coupling_of_algorithm_1(tau, data, sens):
     other[j - 1] = data.draw(st.integers(0, sens))
     delta = other[j - 1] - weights[j - 1]
     shifts = {("a1", t): -delta for t in range(j, tau + 1)}
-    assert values(es, spec, weights, DictNoise(1)) == values(es, spec, other, DictNoise(1, shifts))
+    noise = table_noise(1)
+    assert values(es, spec, weights, noise) == values(es, spec, other, shifted_noise(noise, shifts))
     cost = Fraction(abs(delta), sens) * spec.epsilon * (tau - j + 1)
     assert cost <= Fraction(es.privacy_loss(spec, tau - j + 1))
 

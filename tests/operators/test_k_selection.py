@@ -17,7 +17,8 @@ from dpstream.operators import state_codec
 from dpstream.operators import user_level as ul
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, chernoff_interval
-from tests.operators.support import MemoNoise, binomial_upper
+from tests.noise_doubles import MemoNoise
+from tests.operators.support import binomial_upper
 
 KEY = bytes(range(32))
 
@@ -326,7 +327,7 @@ def test_error_is_one_way_with_probability_1_minus_beta(dyadic):
     overshoots = exact = 0
     runs = 300
     for seed in range(runs):
-        _, releases = run(spec, ticks, MemoNoise(seed))
+        _, releases = run(spec, ticks, MemoNoise.seeded(seed))
         overshoots += releases[-1].value > truth
         exact += releases[-1].value == truth
     assert overshoots <= binomial_upper(runs, float(beta))

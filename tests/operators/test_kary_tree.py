@@ -22,11 +22,13 @@ from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     CachedNoise,
     KeyedNoise,
+    NodeId,
     RecordingNoise,
     SeededNoise,
     ZeroNoise,
     discrete_laplace_variance,
 )
+from tests.noise_doubles import NodeNoise
 
 KEY = b"kary-tree-test-key-0123456789abcdef"
 PREFIX = ("clicks", 0)
@@ -95,19 +97,20 @@ def run(spec, weights, noise):
     return state, releases
 
 
-class MarkerNoise:
-    """Test source: a distinct, recognisable integer per node (marker injection)."""
+def node_marker(node: NodeId, scale: Fraction) -> int:
+    """A distinct, recognisable integer per node (marker injection)."""
+    period, level, index = node[-3:]
+    return 1 + index + 1000 * level + 10**6 * period
 
-    def discrete_laplace(self, node, scale) -> int:
-        period, level, index = node[-3:]
-        return 1 + index + 1000 * level + 10**6 * period
+
+MARKER_NOISE = NodeNoise(node_marker)
 
 
 def record_step(spec, t: int):
     """Step the mechanism at global t from an exact state; return recorded asks and value."""
     recorder = RecordingNoise(ZeroNoise())
     _, rel = kt.step(spec, kt.KaryTreeState(t=t - 1, total=0), 0, recorder)
-    _, marked = kt.step(spec, kt.KaryTreeState(t=t - 1, total=0), 0, MarkerNoise())
+    _, marked = kt.step(spec, kt.KaryTreeState(t=t - 1, total=0), 0, MARKER_NOISE)
     return recorder.calls, rel, marked.value
 
 
@@ -154,8 +157,8 @@ def test_e1_is_period_2_of_the_mechanism(t, digits, ps, nodes, w, marker):
     assert [interval(*c[0][-2:], 3) for c in own] == [iv for iv, _ in nodes]
     assert all(c[0][-3] == 2 and c[1] == 18 for c in own)  # h = 3: 3 * 3 / (1/2)
     signs = [s for iv, s in nodes]
-    expected = sum(MarkerNoise().discrete_laplace(c[0], c[1]) for c in totals) + sum(
-        s * MarkerNoise().discrete_laplace(c[0], c[1]) for c, s in zip(own, signs, strict=True)
+    expected = sum(node_marker(c[0], c[1]) for c in totals) + sum(
+        s * node_marker(c[0], c[1]) for c, s in zip(own, signs, strict=True)
     )
     assert marked == expected
     assert rel.value == 0

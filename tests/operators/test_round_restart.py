@@ -25,6 +25,7 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
+from tests.noise_doubles import MemoNoise, shifted_noise
 from tests.operators.support import log_likelihood_ratio, run, sum_kurtosis, tail_outputs, values
 
 KEY = bytes(range(32))
@@ -88,14 +89,10 @@ def test_streaming_matches_batch_recomputation():
     fixed value per node."""
     window, weights = 7, [random.Random(3).randint(0, 4) for _ in range(30)]
     spec = make(window=window)
-    table: dict[NodeId, int] = {}
     rng = random.Random(11)
-
-    class Fixed:
-        def discrete_laplace(self, node, scale):
-            return table.setdefault(node, rng.randint(-9, 9))
-
-    got = values(rr, spec, weights, Fixed())
+    noise = MemoNoise(lambda node, scale: rng.randint(-9, 9))
+    got = values(rr, spec, weights, noise)
+    table = {node: value for (node, _), value in noise.drawn.items()}
     expected = []
     for t in range(1, len(weights) + 1):
         k = (t - 1) // window + 1
@@ -218,18 +215,10 @@ def test_coupling_reproduces_the_outputs_at_the_item_loss(tau, data, window):
                 if q * 2**m + 1 <= p <= (q + 1) * 2**m:
                     shifted.add(node)
     seed = data.draw(st.integers(0, 2**31))
-    table: dict[NodeId, int] = {}
     rng = random.Random(seed)
-
-    class Fixed:
-        def __init__(self, shift):
-            self.shift = shift
-
-        def discrete_laplace(self, node, scale):
-            base = table.setdefault(node, rng.randint(-9, 9))
-            return base - delta * self.shift * (node in shifted)
-
-    assert values(rr, spec, weights, Fixed(0)) == values(rr, spec, other, Fixed(1))
+    noise = MemoNoise(lambda node, scale: rng.randint(-9, 9))
+    shifts = dict.fromkeys(shifted, -delta)
+    assert values(rr, spec, weights, noise) == values(rr, spec, other, shifted_noise(noise, shifts))
     cost = sum(
         1 / s
         for n, s, _ in {x for t in range(1, tau + 1) for x in rr.release_terms(spec, t)}

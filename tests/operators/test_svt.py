@@ -20,22 +20,21 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
-from tests.operators.support import MemoNoise, binomial_upper
+from tests.noise_doubles import MemoNoise, NodeNoise
+from tests.operators.support import binomial_upper
 
 # ---------------------------------------------------------------------------------------
-# Test helpers (also used by test_user_level)
+# Test helpers
 
 
-class ScriptedNoise:
-    """Test source returning fixed values per node kind: {"eta": z, "q": z} by the
-    second-to-last / last field of the node, default 0."""
+def scripted_noise(values: dict[tuple[int, str], int]) -> NodeNoise:
+    """Fixed values per node kind: {(node[2], "eta" | "q"): z} ("eta" when the node's last
+    field is "eta"), default 0."""
 
-    def __init__(self, values: dict[tuple[int, str], int]) -> None:
-        self.values = values
+    def value(node: NodeId, scale: Fraction) -> int:
+        return values.get((node[2], "eta" if node[-1] == "eta" else "q"), 0)
 
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        kind = "eta" if node[-1] == "eta" else "q"
-        return self.values.get((node[2], kind), 0)
+    return NodeNoise(value)
 
 
 def dlap_tail(x: int, scale: Fraction) -> float:
@@ -112,14 +111,11 @@ def test_above_threshold_scales_nodes_and_single_stop():
 
 def test_above_threshold_compares_with_noisy_threshold():
     spec = svt.make_above_threshold(1, ("a",), threshold=0)
-
-    class Fixed:
-        def discrete_laplace(self, node, scale):
-            return 3 if node[-1] == "eta" else -2
+    fixed = NodeNoise(lambda node, scale: 3 if node[-1] == "eta" else -2)
 
     # count - discount + Z_q > eta + Z_eta  <=>  count - 1.5 - 2 > 3
-    assert not svt.above_threshold_step(spec, svt.AboveThresholdState(), 6, 1, Fixed(), 1.5)[1]
-    assert svt.above_threshold_step(spec, svt.AboveThresholdState(), 7, 1, Fixed(), 1.5)[1]
+    assert not svt.above_threshold_step(spec, svt.AboveThresholdState(), 6, 1, fixed, 1.5)[1]
+    assert svt.above_threshold_step(spec, svt.AboveThresholdState(), 7, 1, fixed, 1.5)[1]
 
 
 def test_above_threshold_rejects_bad_parameters():
@@ -298,10 +294,10 @@ def test_scripted_noise_decides_with_both_noises():
     d = svt.discount(spec, 1, 1)
     count = math.floor(d) - 5
     # count + Z_q - Z_eta > d: Z_q = 10, Z_eta = 4 gives count + 6 > d (fires) ...
-    noise = ScriptedNoise({(1, "q"): 10, (1, "eta"): 4, (2, "eta"): 10**9})
+    noise = scripted_noise({(1, "q"): 10, (1, "eta"): 4, (2, "eta"): 10**9})
     assert svt.tracker_step(spec, svt.tracker_init(spec), 1, (0, count), noise)[1] == 4
     # ... Z_eta = 6 gives count + 4 <= d (does not)
-    noise = ScriptedNoise({(1, "q"): 10, (1, "eta"): 6})
+    noise = scripted_noise({(1, "q"): 10, (1, "eta"): 6})
     assert svt.tracker_step(spec, svt.tracker_init(spec), 1, (0, count), noise)[1] == 2
 
 
@@ -383,7 +379,7 @@ def test_oracle_2_tau_is_a_monotone_power_of_two(g_steps, seed, practical):
     """Oracle 2 for the tracker: tau_t non-decreasing, a power of two, >= tau_1, and equal
     to tau_i of the running SVT, on arbitrary (even non-monotone) G sequences."""
     spec = tracker(practical=practical, epsilon=50)  # a large budget makes restarts common
-    noise = MemoNoise(seed)
+    noise = MemoNoise.seeded(seed)
     state, previous = svt.tracker_init(spec), svt.tau_start(spec)
     for t, g in enumerate(g_steps, 1):
         state, tau = svt.tracker_step(spec, state, t, g, noise)
@@ -396,7 +392,7 @@ def test_memo_noise_matches_the_discrete_laplace_variance():
     """The fast test source used by the statistical tests has the right distribution:
     n = 40000 draws; the sample variance's relative standard error is about
     sqrt((2 + excess kurtosis ~ 3) / n) = 1.1%; allow 5 of them."""
-    noise = MemoNoise(7)
+    noise = MemoNoise.seeded(7)
     for scale in (Fraction(8), Fraction(16), Fraction(1, 2)):
         draws = np.array([noise.discrete_laplace(("v", i), scale) for i in range(40000)])
         assert float(np.var(draws)) == pytest.approx(discrete_laplace_variance(scale), rel=0.056)
@@ -441,7 +437,7 @@ def test_s1_all_dummy_stream_keeps_tau_at_its_start():
     assert union < 1e-5
     left = 0
     for run in range(n):
-        noise = MemoNoise(1_000_003 * run + 17)
+        noise = MemoNoise.seeded(1_000_003 * run + 17)
         state = svt.tracker_init(spec)
         for t in range(1, horizon + 1):
             state, tau = svt.tracker_step(spec, state, t, (), noise)
@@ -470,7 +466,7 @@ def test_s4_svt_fires_once_the_count_reaches_the_guaranteed_level(svt_index):
     level = math.ceil(svt.guaranteed_stop_level(spec, svt_index, t0))
     misses = 0
     for run in range(n):
-        noise = MemoNoise(7_919 * run + svt_index)
+        noise = MemoNoise.seeded(7_919 * run + svt_index)
         state = svt.tracker_init(spec)
         for t in range(1, t0 + 1):
             g = [0] * (svt_index + 1)
@@ -499,7 +495,7 @@ def test_firing_probability_matches_the_exact_discrete_laplace_calculation(offse
     d = svt.discount(tracker(), 1, 1)
     count = round(d) + offset
     p = fire_probability(count, d, svt.epsilon_i(tracker(), 1))
-    noise = MemoNoise(1000 + offset)
+    noise = MemoNoise.seeded(1000 + offset)
     fired = 0
     for run in range(n):
         spec = tracker(name=f"k{run}")

@@ -25,7 +25,8 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
-from tests.operators.support import MemoNoise, binomial_upper
+from tests.noise_doubles import MemoNoise
+from tests.operators.support import binomial_upper
 
 KEY = bytes(range(32))
 
@@ -553,7 +554,7 @@ def test_oracle_1_ledger_from_the_recorded_noise():
     threshold scale 2/eps_i; instance j: node scale (p+1) m tau_j / eps_j), equals the
     exact ledger and is < epsilon, with real noise and several data-driven restarts."""
     spec = ul.make_user_level("l", 2, Fraction(1, 10), 1, multiplier=2)
-    rec = RecordingNoise(MemoNoise(5))
+    rec = RecordingNoise(MemoNoise.seeded(5))
     state, tau_of = ul.init(spec), {}
     for t in range(1, 40):
         crossings = [0, 3000 if t == 2 else 0, 3000 if t == 5 else 0, 3000 if t == 9 else 0]
@@ -587,7 +588,7 @@ def test_oracle_1_ledger_from_the_recorded_noise():
 )
 def test_oracle_2_instances_follow_tau(crossings_steps, seed, practical):
     spec = ul.make_user_level("o2", 8, Fraction(1, 10), practical=practical)
-    noise = MemoNoise(seed)
+    noise = MemoNoise.seeded(seed)
     state, previous = ul.init(spec), None
     start = 64 if practical else 2
     for crossings in crossings_steps:
@@ -933,7 +934,7 @@ def test_s3_coverage_of_noise_u_plus_bias():
     ci_misses = dict.fromkeys(checkpoints, 0)
     taus = set()
     for run_index in range(n):
-        noise = MemoNoise(104_729 * run_index + 3)
+        noise = MemoNoise.seeded(104_729 * run_index + 3)
         state = ul.init(spec)
         for t, (bands, crossings) in enumerate(stream, 1):
             state, rel = ul.step(spec, state, bands, crossings, noise)

@@ -20,7 +20,8 @@ from dpstream.operators import whole_user_mean as wum
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import RecordingNoise, ZeroNoise, discrete_laplace_variance
 from dpstream.operators.snapping import clip_to_grid
-from tests.operators.support import MemoNoise, binomial_upper
+from tests.noise_doubles import MemoNoise, NodeNoise
+from tests.operators.support import binomial_upper
 
 Ticks = list[list[tuple[str, float]]]
 
@@ -115,17 +116,14 @@ def test_worked_example_by_hand():
     ]
 
 
-class ConstantNoise:
-    """+1 on every count node, -2 on every units node."""
-
-    def discrete_laplace(self, node, scale):
-        return 1 if "samples" in node else -2
+# +1 on every count node, -2 on every units node.
+CONSTANT_NOISE = NodeNoise(lambda node, scale: 1 if "samples" in node else -2)
 
 
 def test_the_release_is_post_processing_of_the_two_noisy_totals():
     spec = spec_of()
     ticks = [[("u1", 40.0), ("u1", 37.4), ("u2", 250.0)]]
-    (rel,) = run(spec, ticks, ConstantNoise())
+    (rel,) = run(spec, ticks, CONSTANT_NOISE)
     # C~ = 3 + 1, S~ = 7 - 2: the value is 100 * 5 / (4 * 4) = 31.25, never the exact 3.
     assert rel.samples.value == 4 and rel.value == 31.25
     var_c, var_s = discrete_laplace_variance(Fraction(4)), discrete_laplace_variance(Fraction(16))
@@ -144,12 +142,8 @@ def test_a_noisy_count_below_one_releases_no_value():
 
 def test_the_value_is_clamped_to_the_bounds_and_the_std_to_half_the_range():
     spec = spec_of()
-
-    class Wild:
-        def discrete_laplace(self, node, scale):
-            return 0 if "samples" in node else 1000  # S~ far above R C~
-
-    (rel,) = run(spec, [[("u1", 50.0)]], Wild())
+    wild = NodeNoise(lambda node, scale: 0 if "samples" in node else 1000)  # S~ far above R C~
+    (rel,) = run(spec, [[("u1", 50.0)]], wild)
     assert rel.value == 100.0 and rel.std <= 50.0
     assert 0.0 <= rel.interval[0] <= rel.interval[1] <= 100.0
 
@@ -253,7 +247,7 @@ def test_the_released_std_matches_the_empirical_spread():
     values, stds, misses = [], [], 0
     report = leaves(spec, ticks)  # stage 1 does not depend on the noise
     for seed in range(n):
-        state, noise = wum.init(spec), MemoNoise(seed)
+        state, noise = wum.init(spec), MemoNoise.seeded(seed)
         for samples, units in report:
             state, rel = wum.step(spec, state, samples, units, noise)
         values.append(rel.value)
