@@ -122,12 +122,51 @@ def test_the_baselines_stay_out_of_the_production_import_path():
 REUSES_TESTS = {"tests/integration/test_containers.py"}
 
 
-def test_no_test_module_imports_another():
-    # Shared helpers live in plain modules (tests/integration/support.py) and fixtures in
-    # conftest plugins.
-    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+def imported_modules(source: str) -> set[str]:
+    """Every module ``source`` imports, by dotted name, and every name it imports from a
+    package (``from tests.integration import test_faults`` imports ``test_faults``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            found.add(module)
+            prefix = module if module.endswith(".") else f"{module}."
+            found.update(prefix + alias.name for alias in node.names)
+    return found
+
+
+def forbidden_imports(source: str) -> list[str]:
+    """The imports of conftest or of a ``test_*`` module in ``source``."""
+    return sorted(
+        name
+        for name in imported_modules(source)
+        if (last := name.rpartition(".")[2]) == "conftest" or last.startswith("test_")
+    )
+
+
+def test_no_test_module_imports_conftest_or_another_test_module():
+    # Shared helpers live in plain modules (tests/noise_doubles.py,
+    # tests/integration/support.py) and fixtures in conftest plugins, which pytest loads.
+    for path in sorted((ROOT / "tests").rglob("*.py")):
         if str(path.relative_to(ROOT)) in REUSES_TESTS:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.split(".")[-1].startswith("test_"), (path, node.module)
+        assert forbidden_imports(path.read_text(encoding="utf-8")) == [], path
+
+
+def test_the_import_check_finds_conftest_and_test_modules():
+    source = """
+import tests.conftest
+from tests.conftest import wait_until
+from tests.integration import test_faults, support
+from .test_svt import dlap_tail
+from . import conftest
+from tests.noise_doubles import NodeNoise
+"""
+    assert forbidden_imports(source) == [
+        ".conftest",
+        ".test_svt",
+        "tests.conftest",
+        "tests.integration.test_faults",
+    ]

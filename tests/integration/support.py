@@ -1,30 +1,95 @@
-"""Helpers the integration tests share: the standard pipeline, topic readers, waiting for
-ticks, producing rounds, the replay comparison, the truncated counts computed from scratch.
-A plain module, so that no test module imports another."""
+"""Helpers the integration tests share: worker subprocesses and waiting on them, the
+standard pipeline, topic readers, waiting for ticks, producing rounds, the replay comparison,
+the truncated counts computed from scratch. A plain module, so that no test module imports
+another (conftest imports the worker helpers from here for its fixtures)."""
 
 from __future__ import annotations
 
 import math
 import os
+import subprocess
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.broker import containers_required, docker_available
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.replay import replay
-from dpstream.pipeline.worker_support import load_noise
-from tests.conftest import WorkerProcess, wait_until
+from dpstream.pipeline.worker_support import load_noise, spawn_worker, stop_worker
+from dpstream.testing.pipeline import unique_names  # the plugin's: one way to name a test's topics
 
 TICK = 0.5
 PARTITIONS = 4
+
+
+@dataclass
+class WorkerProcess:
+    """A ``dpstream worker`` subprocess with its parsed config and the log it writes."""
+
+    cfg: PipelineConfig
+    config_path: Path
+    log_path: Path
+    proc: subprocess.Popen
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def assert_running(self) -> None:
+        assert self.proc.poll() is None, f"worker exited:\n{self.log_tail()}"
+
+    def stop(self) -> None:
+        stop_worker(self.proc)
+
+
+@contextmanager
+def worker_pool(bootstrap: str, directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``dpstream worker`` subprocesses on demand; stop them all on exit."""
+    started: list[WorkerProcess] = []
+
+    def start(data: dict, env: dict[str, str] | None = None) -> WorkerProcess:
+        data = unique_names(data)
+        cfg = parse_config(data)
+        config_path = directory / f"{cfg.app_id}.yaml"
+        config_path.write_text(yaml.safe_dump(data))
+        log_path = directory / f"{cfg.app_id}.log"
+        proc = spawn_worker(config_path, bootstrap, log_path, env)
+        worker = WorkerProcess(cfg, config_path, log_path, proc)
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, worker: WorkerProcess | None = None
+) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds (with the worker's
+    log tail) or as soon as ``worker`` has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker is not None:
+            worker.assert_running()
+        if predicate():
+            return
+        time.sleep(0.25)
+    tail = f"\nworker log:\n{worker.log_tail()}" if worker else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")
 
 
 def pipeline_config(noise: dict) -> dict:

@@ -19,12 +19,12 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.conftest import wait_until
 from tests.integration.support import (
     assert_equal_to_replay,
     collected,
     produce_rounds,
     readers,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration

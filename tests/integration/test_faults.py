@@ -48,17 +48,20 @@ from dpstream.pipeline.records import partition_for
 from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.pipeline.topics import changelog_topics
 from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
-from tests.conftest import WorkerProcess, unique_names, wait_until, worker_pool
+from dpstream.testing import unique_names
 from tests.integration.support import (
     FAST_REJOIN,
     TICK,
     TopicReader,
+    WorkerProcess,
     deduplicated,
     hooked,
     pipeline_config,
     readers,
     truncated_counts,
     wait_for_first_release,
+    wait_until,
+    worker_pool,
 )
 
 pytestmark = pytest.mark.integration

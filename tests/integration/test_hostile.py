@@ -71,9 +71,9 @@ from dpstream.pipeline.records import (
 )
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.worker_support import limits_for, load_noise, spawn_worker
-from tests.conftest import WorkerProcess, unique_names, wait_until
+from dpstream.testing import unique_names
 from tests.integration.producers import create_source_topic
-from tests.integration.support import readers, wait_for_first_release
+from tests.integration.support import WorkerProcess, readers, wait_for_first_release, wait_until
 
 pytestmark = pytest.mark.integration
 

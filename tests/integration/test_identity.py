@@ -12,7 +12,7 @@ import yaml
 from confluent_kafka import KafkaException
 
 from dpstream.pipeline.clients import read_topic
-from tests.conftest import wait_until
+from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -30,14 +30,16 @@ from dpstream.pipeline.clients import export_log, read_topic
 from dpstream.pipeline.ingest import source_lag
 from dpstream.pipeline.records import decode_envelope
 from dpstream.pipeline.worker_support import spawn_worker
-from tests.conftest import WorkerProcess, unique_names, wait_until
+from dpstream.testing import unique_names
 from tests.integration import producers
 from tests.integration.support import (
     FAST_REJOIN,
+    WorkerProcess,
     assert_equal_to_replay,
     deduplicated,
     hooked,
     readers,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration

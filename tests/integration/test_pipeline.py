@@ -23,16 +23,18 @@ from confluent_kafka import Producer
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.records import partition_for
 from dpstream.pipeline.synthetic import synthetic_events
-from tests.conftest import WorkerProcess, worker_pool
+from dpstream.testing import unique_names
 from tests.integration.support import (
     PARTITIONS,
     TICK,
     TopicReader,
+    WorkerProcess,
     pipeline_config,
     readers,
     truncated_counts,
     wait_for_first_release,
     wait_for_tick,
+    worker_pool,
 )
 
 pytestmark = pytest.mark.integration
@@ -274,7 +276,6 @@ def test_produce_cli_sends_jsonl_events_and_batch_envelopes(bootstrap, tmp_path)
     from dpstream.config.schema import parse_config
     from dpstream.pipeline.clients import read_topic
     from dpstream.pipeline.records import header_kind
-    from tests.conftest import unique_names
 
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     config = tmp_path / "p.yaml"

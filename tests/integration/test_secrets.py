@@ -34,13 +34,15 @@ from dpstream.config.schema import parse_config
 from dpstream.pipeline.clients import make_producer, produce_events
 from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.pipeline.worker_support import spawn_worker, stop_worker
-from tests.conftest import WorkerProcess, unique_names, wait_until
+from dpstream.testing import unique_names
 from tests.integration.support import (
     TICK,
+    WorkerProcess,
     pipeline_config,
     readers,
     wait_for_first_release,
     wait_for_tick,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
