@@ -72,16 +72,14 @@ class Stage1:
 
         The count and sum statistics advance over the whole record in numpy
         (``counting.UnitColumns``); the other kinds per user. One table write per user
-        per record: {"used": units per stream slot so far, "offset": the record,
-        "added": the record's units per slot of the count and sum statistics, "kept":
-        the other kinds' weights from the record, "state"/"redo": see below} (empty
-        fields left out).
+        per record: {"used": units per stream slot so far, "offset": the record, "kept":
+        the per-user kinds' weights from it (if any), "state"/"redo": see below}.
 
         Idempotent per record, whichever of the table writes (user entries, then the
         partition state) survived a crash: a user entry remembers the offset it last
-        applied and what it contributed then ("added" gives the count and sum weights
-        again: they are a function of the units before, used - added, and added; "kept"
-        the others'), so a re-delivered record
+        applied and what it contributed then (a count or sum: the units this same record
+        gives it again, before them used - units, ``_readded``; the per-user kinds:
+        "kept"), so a re-delivered record
         * re-counts a user whose entry missed it (else the user could exceed tau), and
         * re-adds the contribution of a user whose entry has it but whose units the
           partition's pending sums lost (else the count would lose them).
