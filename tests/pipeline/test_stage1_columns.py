@@ -108,9 +108,13 @@ def test_the_numpy_batch_path_is_the_event_at_a_time_definition(records, tick_ev
     fast = Stage1.new_partition_state(), {}
     slow = Stage1.new_partition_state(), {}
     for offset, events in enumerate(records):
-        if offset % 2:  # through the events topic's wire form
+        if offset % 3 == 1:  # through the events topic's wire form
             raw = encode_envelope("s/0", list(range(len(events))), [0] * len(events), events)
             batch = decode_envelope(raw).batch
+        elif offset % 3 == 2:  # the tail of a re-sent envelope (``unseen``)
+            batch = Batch.of([*reversed(events), Event("gone", None, 1.0), *events]).tail(
+                len(events) + 1
+            )
         else:
             batch = Batch.of(events)
         previous = {name: list(weights) for name, weights in fast[0]["pending"].items()}
