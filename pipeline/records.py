@@ -342,6 +342,7 @@ Position = tuple[int, int]
 """Where an event was in its source partition: (record offset, index in a batch record)."""
 
 _NO_VALUE = float("nan")  # a value column's "no value" (events' values are finite)
+_VALUE_TYPES = {float, int, type(None)}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -535,7 +536,7 @@ def _values(values: list) -> np.ndarray:
     except ValueError:  # ragged nesting
         raise BadRecord("malformed envelope") from None
     if array.dtype.kind == "O":  # some events have no value: check the rest are numbers
-        if any(v is not None and type(v) not in (float, int) for v in values):
+        if not set(map(type, values)) <= _VALUE_TYPES:
             raise BadRecord("malformed envelope")
         array = np.array(values, dtype=np.float64)  # None -> NaN
     elif array.dtype.kind not in "fi":
