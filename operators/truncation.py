@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import _validate
 
 
@@ -35,3 +37,8 @@ def admit(spec: TruncationSpec, used: int, weight: int = 1) -> int:
     Dong-Luo-Yi Sec. IV-A, whose unit sub-steps it reproduces).
     """
     return min(max(spec.tau - used, 0), weight)
+
+
+def admit_many(spec: TruncationSpec, used: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``admit`` of many items at once (int64 arrays of the same shape)."""
+    return np.minimum(np.maximum(spec.tau - used, 0), weight)

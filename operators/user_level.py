@@ -97,6 +97,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from . import _validate
 from .noise import NodeId, NoiseSource
 from .release import Term, TreeRelease, noisy_release
@@ -297,6 +299,35 @@ def crossed_powers(before: int, after: int) -> list[int]:
         return []
     low = 0 if before <= 1 else (before - 1).bit_length()  # smallest j with 2^j >= before
     return list(range(low, (after - 1).bit_length()))
+
+
+def bit_lengths(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each entry of a non-negative int64 array (exact below 2^53:
+    frexp's exponent of v > 0 is its bit length, of 0 is 0)."""
+    return np.frexp(values.astype(np.float64))[1].astype(np.int64)
+
+
+def band_units_many(before: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """``band_units`` of many users at once: entry [i, b] is how many of unit positions
+    before[i]+1 .. before[i]+units[i] fall in rank band b (columns 0 .. the last band
+    any row reaches)."""
+    after = before + units
+    bands = int(bit_lengths(np.maximum(after - 1, 0)).max(initial=0)) + 1 if len(after) else 0
+    band = np.arange(bands)
+    lo = np.where(band == 0, 1, (1 << np.maximum(band - 1, 0)) + 1)  # band_range, vectorised
+    hi = 1 << band
+    first = np.maximum(before[:, None] + 1, lo[None, :])
+    last = np.minimum(after[:, None], hi[None, :])
+    return np.maximum(last - first + 1, 0)
+
+
+def crossed_powers_many(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """``crossed_powers`` of many users at once: entry [i, j] is True when
+    before[i] <= 2^j < after[i] (columns 0 .. the last power any row crosses)."""
+    low = np.where(before <= 1, 0, bit_lengths(np.maximum(before - 1, 0)))
+    high = np.where(after <= 1, 0, bit_lengths(np.maximum(after - 1, 0)))
+    j = np.arange(int(high.max(initial=0)))
+    return (low[:, None] <= j[None, :]) & (j[None, :] < high[:, None])
 
 
 def split_tick(

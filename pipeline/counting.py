@@ -4,16 +4,22 @@ kselect, distinct and the whole-user mean): what one user's events add to the ti
 Fixed tau: "w" = the kept units (Dong-Luo-Yi Alg. 3). User-level (tau: auto): units by
 rank band and the users crossing each power of two (Alg. 5). Whole-user mean: kept
 samples "c" and their grid units "s".
+
+The count and sum kinds are counted a whole batch at a time in numpy (``UnitColumns``);
+the others, whose weights depend on each event's value, per user (``UnitCounting.add``).
+Both equal the event-at-a-time definition (``UnitCounting.add_event``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from dpstream.operators import truncation, user_level
 from dpstream.operators import whole_user_mean as wum
 
-from .records import Event
+from .records import Batch, Event
 
 # The whole-user mean's weight keys: kept samples C_t and their grid units S_t.
 SAMPLES, UNITS = "c", "s"
@@ -42,6 +48,12 @@ class UnitCounting:
     deletions: bool
     mean: wum.WholeUserMeanSpec | None = None  # the whole-user mean (its own first-m cap)
 
+    @property
+    def columnar(self) -> bool:
+        """Whether ``UnitColumns`` counts it (a count or sum: its weights depend only on
+        its users' unit totals per record, not on each event's value)."""
+        return self.kind in ("count", "sum") and self.mean is None
+
     def stream(self, event: Event) -> str | None:
         """ "+" (insertions) or "-" (deletions) if this statistic counts ``event``."""
         if self.key is not None and event.key != self.key:
@@ -53,37 +65,11 @@ class UnitCounting:
     def add(self, events: list[Event], used: dict[str, int], kept: dict[str, dict]) -> None:
         """Count one user's ``events`` of a record: advance ``used`` (units per stream
         slot: the statistic's name, ``<name>/-`` for deletions) and add what they
-        contribute to ``kept[self.name]`` (created only when non-empty).
-
-        A count or sum contributes per stream what its events' total would as one item:
-        Alg. 3 keeps clip(tau - used, 0, units) of them however they are split, rank bands
-        and crossed powers of consecutive unit ranges add up (``band_units``,
-        ``crossed_powers``). Other kinds depend on each event's value: ``contribution``.
-        """
-        if self.kind not in ("count", "sum"):
-            for event in events:
-                self.add_event(event, used, kept)
-            return
-        plus = minus = 0
+        contribute to ``kept[self.name]`` (created only when non-empty), an event at a
+        time (``contribution``: these kinds' weights depend on each event's value; the
+        count and sum kinds go through ``UnitColumns`` instead)."""
         for event in events:
-            if self.key is None or event.key == self.key:
-                units = 1 if self.kind == "count" else int(event.value)  # type: ignore[arg-type]
-                if not event.delete:
-                    plus += units
-                elif self.deletions:
-                    minus += units
-        if plus:
-            before = used.get(self.name, 0)
-            used[self.name] = before + plus
-            if self.fixed is None:
-                self._add_ranks("+", before, plus, kept)
-            elif before < self.fixed.tau:
-                kept[self.name] = {"w": truncation.admit(self.fixed, before, plus)}
-        if minus:  # deletions: user-level statistics only
-            slot = self.name + "/-"
-            before = used.get(slot, 0)
-            used[slot] = before + minus
-            self._add_ranks("-", before, minus, kept)
+            self.add_event(event, used, kept)
 
     def add_event(self, event: Event, used: dict[str, int], kept: dict[str, dict]) -> None:
         """``add`` for one event, by its definition (``contribution``)."""
@@ -95,24 +81,6 @@ class UnitCounting:
         used[slot] = used.get(slot, 0) + units
         if weights:  # never holds zeros
             add_weights(kept.setdefault(self.name, {}), weights)
-
-    def _add_ranks(self, stream: str, before: int, units: int, kept: dict[str, dict]) -> None:
-        # user_level.crossed_powers and band_units (column 0), inlined: per user per record.
-        out = kept.setdefault(self.name, {})
-        after = before + units
-        if after > 1:
-            for j in range(
-                0 if before <= 1 else (before - 1).bit_length(), (after - 1).bit_length()
-            ):
-                key = f"{stream}x{j}"
-                out[key] = out.get(key, 0) + 1
-        rank = before + 1
-        while rank <= after:
-            band = (rank - 1).bit_length()  # rank_band(rank); the band's last rank is 2^band
-            last = min(after, 1 << band)
-            key = f"{stream}b{band}/0"
-            out[key] = out.get(key, 0) + last - rank + 1
-            rank = last + 1
 
     def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
         """(units, weights) of ``event`` for a user who has sent ``used`` units before;
@@ -139,3 +107,109 @@ class UnitCounting:
         for band, n in user_level.band_units(used, units):
             out[f"{stream}b{band}/{column}"] = out.get(f"{stream}b{band}/{column}", 0) + n
         return units, out
+
+
+def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple[str, int, int]]:
+    """(key, total, first row with it) of the rank-band weights of the rows with
+    ``before`` and ``units`` ("<stream>x<j>": users crossing 2^j, "<stream>b<band>/0":
+    units in the band), crossed powers then bands, each in increasing order."""
+    rows = np.flatnonzero(units)
+    if not len(rows):
+        return []
+    before, units = before[rows], units[rows]
+    out = []
+    crossed = user_level.crossed_powers_many(before, before + units)
+    for j in np.flatnonzero(crossed.any(axis=0)).tolist():
+        column = crossed[:, j]
+        out.append((f"{stream}x{j}", int(column.sum()), int(rows[column.argmax()])))
+    bands = user_level.band_units_many(before, units)
+    for band in np.flatnonzero(bands.any(axis=0)).tolist():
+        column = bands[:, band]
+        out.append((f"{stream}b{band}/0", int(column.sum()), int(rows[(column > 0).argmax()])))
+    return out
+
+
+class UnitColumns:
+    """Stage 1 of the count and sum statistics (``UnitCounting.columnar``) over a whole
+    batch in numpy: each user's units per stream slot with ``bincount``, then the kept
+    units (fixed tau, Alg. 3) or the rank bands and crossed powers (tau: auto, Alg. 5)
+    of all users at once, from their units before the batch and in it. This is the
+    event-at-a-time definition (``UnitCounting.contribution``) because a user's events
+    of one stream in a batch act as one item of their total: Alg. 3 keeps
+    clip(tau - used, 0, units) of them however they are split, and the rank bands and
+    crossed powers of consecutive unit ranges add up (the tests check it on random
+    records).
+
+    The tick's pending sums get their keys in the order the per-user form gave them
+    (users in order of first event; per user its "+" slot, then its "-" slot, each
+    crossed powers then bands), so the reports stay byte for byte what they were."""
+
+    def __init__(self, stats: list[UnitCounting]) -> None:
+        self.stats = stats
+        # Stream slots: (slot, statistic, stream); a slot is a key of the users' "used".
+        self.slots: list[tuple[str, UnitCounting, str]] = []
+        for stat in stats:
+            self.slots.append((stat.name, stat, "+"))
+            if stat.deletions:
+                self.slots.append((stat.name + "/-", stat, "-"))
+        self.names = [slot for slot, _, _ in self.slots]
+
+    def units(self, batch: Batch, rows: np.ndarray, users: int) -> np.ndarray:
+        """(users x slots) int64: each user's units per slot in ``batch`` (``rows``: the
+        user of each event, 0 .. users - 1)."""
+        out = np.zeros((users, len(self.slots)), dtype=np.int64)
+        for column, (_, stat, stream) in enumerate(self.slots):
+            mask = batch.delete if stream == "-" else ~batch.delete
+            if stat.key is not None:
+                if stat.key not in batch.keys:
+                    continue
+                mask = mask & (batch.key == batch.keys.index(stat.key))
+            if stat.kind == "sum":  # int(value), as the definition; exact below 2^53
+                weights = batch.value[mask].astype(np.int64).astype(np.float64)
+                totals = np.bincount(rows[mask], weights=weights, minlength=users)
+                out[:, column] = totals.astype(np.int64)
+            else:
+                out[:, column] = np.bincount(rows[mask], minlength=users)
+        return out
+
+    def before(self, used: list[dict[str, int]]) -> np.ndarray:
+        """(users x slots) int64: the users' units so far (their entries' "used")."""
+        names = self.names
+        flat = [u.get(name, 0) for u in used for name in names]
+        return np.array(flat, dtype=np.int64).reshape(len(used), len(names))
+
+    def changed(self, after: np.ndarray, units: np.ndarray) -> list[dict[str, int]]:
+        """Per user, {slot: units after} of the slots the batch added to (a column at a
+        time: the users' entries are the only Python objects built per user)."""
+        out: list[dict[str, int]] = [{} for _ in range(len(units))]
+        for column, name in enumerate(self.names):
+            rows = np.flatnonzero(units[:, column])
+            for row, total in zip(rows.tolist(), after[rows, column].tolist(), strict=True):
+                out[row][name] = total
+        return out
+
+    def add_pending(
+        self, pending: dict[str, dict[str, int]], before: np.ndarray, units: np.ndarray
+    ) -> None:
+        """Add what users with units ``before`` and ``units`` (rows in the order of their
+        first event) contribute to the tick's pending sums."""
+        keyed: dict[str, list[tuple[str, int, int]]] = {}
+        for column, (_, stat, stream) in enumerate(self.slots):
+            if stat.fixed is None or stream == "-":
+                found = _rank_keys(stream, before[:, column], units[:, column])
+                keyed.setdefault(stat.name, []).extend(found)
+                continue
+            kept = int(truncation.admit_many(stat.fixed, before[:, column], units[:, column]).sum())
+            if kept:
+                into = pending.setdefault(stat.name, {})
+                into["w"] = into.get("w", 0) + kept
+        for name, found in keyed.items():
+            if not found:
+                continue
+            into = pending.setdefault(name, {})
+            # New keys in the order the rows would have inserted them (per row: the
+            # order of ``found``), old keys where they are.
+            canonical = {key: i for i, (key, _, _) in enumerate(found)}
+            found.sort(key=lambda item: (item[2], canonical[item[0]]))
+            for key, total, _ in found:
+                into[key] = into.get(key, 0) + total

@@ -15,7 +15,15 @@ from collections.abc import MutableMapping
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
-from .records import BadRecord, Envelope, Event, check_marker_time, decode_envelope, decode_tick
+from .records import (
+    BadRecord,
+    Batch,
+    Envelope,
+    Event,
+    check_marker_time,
+    decode_envelope,
+    decode_tick,
+)
 from .stages import Stage1, Stage2, users_of_partition
 from .statistic import Report
 
@@ -59,7 +67,7 @@ class Stage1Driver:
         return self.on_events(pstate, users, partition, offset, self.unseen(pstate, envelope), [])
 
     @staticmethod
-    def unseen(pstate: dict, envelope: Envelope) -> list[Event]:
+    def unseen(pstate: dict, envelope: Envelope) -> Batch:
         """The envelope's events after the last source position this partition counted
         of its source partition (and that position, advanced).
 
@@ -70,16 +78,16 @@ class Stage1Driver:
         "Exactly once from the source")."""
         sources = pstate.setdefault("sources", {})
         last = sources.get(envelope.source)
-        events = envelope.events
-        if last is not None and events:
+        batch = envelope.batch
+        if last is not None and len(batch):
             seen = (last[0], last[1])
             if (envelope.offsets[-1], envelope.indexes[-1]) <= seen:
-                events = []  # all re-sent
+                batch = batch.tail(len(batch))  # all re-sent
             elif (envelope.offsets[0], envelope.indexes[0]) <= seen:  # a re-send's tail
-                events = events[bisect.bisect_right(envelope.positions(), seen) :]
-        if events:
+                batch = batch.tail(bisect.bisect_right(envelope.positions(), seen))
+        if len(batch):
             sources[envelope.source] = [envelope.offsets[-1], envelope.indexes[-1]]
-        return events
+        return batch
 
     def on_events(
         self,
@@ -87,11 +95,12 @@ class Stage1Driver:
         users: MutableMapping[str, dict],
         partition: int,
         offset: int,
-        events: list[Event],
+        events: Batch | list[Event],
         rejected: list[Rejected],
     ) -> list[Rejected]:
-        """Count record ``offset``'s events; return the dead letters still to send (none
-        for a re-delivered record: they went out the first time)."""
+        """Count record ``offset``'s events (columns or ``Event``s); return the dead
+        letters still to send (none for a re-delivered record: they went out the first
+        time)."""
         fresh = not self.is_redelivered(pstate, offset)
         self.stage1.add_events(pstate, users, events, offset, partition)
         return rejected if fresh else []

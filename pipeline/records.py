@@ -25,12 +25,12 @@ Reasons name the problem, never the raw value (user ids and payloads stay out of
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import orjson
 from aiokafka.partitioner import murmur2
 
@@ -341,6 +341,95 @@ def dead_letter(
 Position = tuple[int, int]
 """Where an event was in its source partition: (record offset, index in a batch record)."""
 
+_NO_VALUE = float("nan")  # a value column's "no value" (events' values are finite)
+_VALUE_TYPES = {float, int, type(None)}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Batch:
+    """Events as columns, for stage 1's numpy path: ``user`` indexes ``user_ids`` (the
+    distinct users), ``key`` indexes ``keys`` (-1: no key), ``value`` is NaN for no value.
+    Iterating gives the ``Event``s (built on demand: the count and sum kinds never do)."""
+
+    user_ids: list[str]
+    user: np.ndarray  # int64 per event
+    keys: list[str]
+    key: np.ndarray  # int64 per event
+    value: np.ndarray  # float64 per event
+    delete: np.ndarray  # bool per event
+    cells: tuple[tuple[str, list[str | None]], ...] = ()  # (attribute, key per event)
+
+    def __len__(self) -> int:
+        return len(self.user)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events(range(len(self.user))))
+
+    def events(self, rows: Iterable[int]) -> list[Event]:
+        """The ``Event``s of these rows, in row order."""
+        user_ids, keys, cells = self.user_ids, self.keys, self.cells
+        user, key, delete = self.user.tolist(), self.key.tolist(), self.delete.tolist()
+        value = [None if v != v else v for v in self.value.tolist()]  # NaN: no value
+        return [
+            Event(
+                user_ids[user[i]],
+                None if key[i] < 0 else keys[key[i]],
+                value[i],
+                delete[i],
+                tuple((a, column[i]) for a, column in cells if column[i] is not None),
+            )
+            for i in rows
+        ]
+
+    def by_user(self) -> tuple[list[str], np.ndarray]:
+        """(the batch's users in order of their first event, each event's user as an
+        index into that list)."""
+        user = self.user
+        if not len(user):
+            return [], user
+        seen = np.maximum.accumulate(user)
+        if user[0] == 0 and bool((np.diff(seen) <= 1).all()):  # as encoded: no reordering
+            return self.user_ids[: int(seen[-1]) + 1], user
+        present, first = np.unique(user, return_index=True)
+        order = present[np.argsort(first)]
+        rank = np.empty(len(self.user_ids), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return [self.user_ids[u] for u in order.tolist()], rank[user]
+
+    def tail(self, start: int) -> Batch:
+        """The events from row ``start`` on."""
+        cells = tuple((a, column[start:]) for a, column in self.cells)
+        return Batch(
+            self.user_ids,
+            self.user[start:],
+            self.keys,
+            self.key[start:],
+            self.value[start:],
+            self.delete[start:],
+            cells,
+        )
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> Batch:
+        """The columns of ``events`` (a list of ``Event``s or already a ``Batch``)."""
+        if isinstance(events, Batch):
+            return events
+        events = list(events)
+        user_index: dict[str, int] = {}
+        key_index: dict[str | None, int] = {None: -1}
+        user = [user_index.setdefault(e.user_id, len(user_index)) for e in events]
+        key = [key_index.setdefault(e.key, len(key_index) - 1) for e in events]
+        attrs = sorted({a for e in events for a, _ in e.cells})
+        return cls(
+            list(user_index),
+            np.array(user, dtype=np.int64),
+            [k for k in key_index if k is not None],
+            np.array(key, dtype=np.int64),
+            np.array([_NO_VALUE if e.value is None else e.value for e in events], np.float64),
+            np.array([e.delete for e in events], dtype=bool),
+            tuple((a, [e.cell(a) for e in events]) for a in attrs),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -350,7 +439,11 @@ class Envelope:
     source: str  # "<topic>/<partition>"
     offsets: list[int]
     indexes: list[int]
-    events: list[Event]
+    batch: Batch
+
+    @property
+    def events(self) -> list[Event]:
+        return list(self.batch)
 
     def positions(self) -> list[Position]:
         return list(zip(self.offsets, self.indexes, strict=True))
@@ -363,28 +456,31 @@ def source_id(topic: str, partition: int) -> str:
 def encode_envelope(
     source: str, offsets: list[int], indexes: list[int], events: list[Event]
 ) -> bytes:
-    """Columns, so that stage 1 reads an envelope without a dict per event: "s" the
-    source, "o" offsets, "u" user ids, and only where some event has one: "i" indexes,
-    "k" keys, "v" values, "d" the positions of deletions, "c" cell keys per attribute."""
-    users, keys, values, deletes = [], [], [], []
-    has_key = has_value = has_cells = False
+    """Columns, so that stage 1 reads an envelope into numpy arrays without a Python
+    object per event: "s" the source, "o" offsets, "U" the distinct user ids and "x" each
+    event's index in "U", and only where some event has one: "i" indexes, "K" the
+    distinct keys and "y" each event's index in "K" (-1: none), "v" values, "d" the
+    positions of deletions, "c" cell keys per attribute."""
+    users: dict[str, int] = {}
+    keys: dict[str | None, int] = {None: -1}
+    x, y, values, deletes = [], [], [], []
+    has_value = has_cells = False
     for n, e in enumerate(events):
-        users.append(e.user_id)
-        keys.append(e.key)
+        x.append(users.setdefault(e.user_id, len(users)))
+        y.append(keys.setdefault(e.key, len(keys) - 1))
         values.append(e.value)
-        if e.key is not None:
-            has_key = True
         if e.value is not None:
             has_value = True
         if e.delete:
             deletes.append(n)
         if e.cells:
             has_cells = True
-    out: dict[str, object] = {"s": source, "o": offsets, "u": users}
+    out: dict[str, object] = {"s": source, "o": offsets, "U": list(users), "x": x}
     if any(indexes):
         out["i"] = indexes
-    if has_key:
-        out["k"] = keys
+    if len(keys) > 1:
+        out["K"] = [k for k in keys if k is not None]
+        out["y"] = y
     if has_value:
         out["v"] = values
     if deletes:
@@ -407,9 +503,60 @@ def _column(obj: dict, name: str, n: int, kinds: tuple[type, ...]) -> list:
     return column
 
 
+def _ints(obj: dict, name: str, n: int, default: int, low: int, high: int | None) -> np.ndarray:
+    """Column ``name`` as int64, every entry in [low, high) (absent: all ``default``;
+    high None: no upper bound)."""
+    column = obj.get(name)
+    if column is None:
+        return np.full(n, default, dtype=np.int64)
+    if type(column) is not list or len(column) != n:
+        raise BadRecord("malformed envelope")
+    try:
+        array = np.array(column) if n else np.zeros(0, dtype=np.int64)
+    except ValueError:  # ragged nesting
+        raise BadRecord("malformed envelope") from None
+    if array.dtype.kind != "i" or array.ndim != 1:
+        raise BadRecord("malformed envelope")  # floats, strings, bools, nesting
+    if n and (array.min() < low or (high is not None and array.max() >= high)):
+        raise BadRecord("malformed envelope")  # out of range
+    return array.astype(np.int64, copy=False)
+
+
+def _names(obj: dict, name: str) -> list[str]:
+    names = obj.get(name, [])
+    if type(names) is not list or any(type(x) is not str for x in names):
+        raise BadRecord("malformed envelope")
+    return names
+
+
+def _values(values: list) -> np.ndarray:
+    """A value column (numbers and None) as float64, None as NaN."""
+    try:
+        array = np.array(values)
+    except ValueError:  # ragged nesting
+        raise BadRecord("malformed envelope") from None
+    if array.dtype.kind == "O":  # some events have no value: check the rest are numbers
+        if not set(map(type, values)) <= _VALUE_TYPES:
+            raise BadRecord("malformed envelope")
+        array = np.array(values, dtype=np.float64)  # None -> NaN
+    elif array.dtype.kind not in "fi":
+        raise BadRecord("malformed envelope")  # strings, bools
+    if array.ndim != 1 or bool(np.isinf(array).any()):
+        raise BadRecord("malformed envelope")
+    return array.astype(np.float64, copy=False)
+
+
+def _factorized(column: list) -> tuple[list, np.ndarray]:
+    """(distinct entries, index per entry, -1 for None) of a column of names, as
+    envelopes written before the "U" and "K" columns hold them (the topic may still)."""
+    index: dict = {None: -1}
+    codes = [index.setdefault(x, len(index) - 1) for x in column]
+    return [x for x in index if x is not None], np.array(codes, dtype=np.int64)
+
+
 def decode_envelope(value: bytes | None) -> Envelope:
     """An envelope written by ``encode_envelope``; BadRecord when it is not one. Its
-    events were validated by the ingest: only the shape is checked here."""
+    events were validated by the ingest: only the shape is checked here (in numpy)."""
     try:
         obj = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
@@ -418,41 +565,41 @@ def decode_envelope(value: bytes | None) -> Envelope:
         raise BadRecord("malformed envelope")
     offsets = obj["o"]
     n = len(offsets)
-    users = _column(obj, "u", n, (str,))
-    indexes = obj.get("i") or [0] * n
-    if (
-        None in users
-        or type(indexes) is not list
-        or len(indexes) != n
-        or any(type(x) is not int for x in offsets)
-        or any(type(x) is not int for x in indexes)
-    ):
+    offset = _ints(obj, "o", n, 0, 0, None)
+    index = _ints(obj, "i", n, 0, 0, None)
+    if "u" in obj:  # written before the "U" column
+        user_ids, user = _factorized(_column(obj, "u", n, (str,)))
+        if n and user.min() < 0:
+            raise BadRecord("malformed envelope")
+    else:
+        user_ids = _names(obj, "U")
+        if "x" not in obj:
+            raise BadRecord("malformed envelope")
+        user = _ints(obj, "x", n, -1, 0, len(user_ids))
+    if "k" in obj:
+        keys, key = _factorized(_column(obj, "k", n, (str,)))
+    else:
+        keys = _names(obj, "K")
+        key = _ints(obj, "y", n, -1, -1, len(keys))
+    values = obj.get("v")
+    if values is None:
+        value = np.full(n, _NO_VALUE)
+    elif type(values) is not list or len(values) != n:
         raise BadRecord("malformed envelope")
-    keys = _column(obj, "k", n, (str,))
-    values = _column(obj, "v", n, (float, int))
-    deletes = obj.get("d") or []
-    if type(deletes) is not list or any(type(x) is not int for x in deletes):
-        raise BadRecord("malformed envelope")
-    deletes = set(deletes)
+    else:
+        value = _values(values)
+    delete = np.zeros(n, dtype=bool)
+    deletes = obj.get("d")
+    if deletes:
+        delete[_ints(obj, "d", len(deletes) if type(deletes) is list else -1, 0, 0, n)] = True
     cells_by_attr = obj.get("c") or {}
     if type(cells_by_attr) is not dict:
         raise BadRecord("malformed envelope")
-    cell_columns = [(a, _column(cells_by_attr, a, n, (str,))) for a in cells_by_attr]
-    positions = list(zip(offsets, indexes, strict=True))
-    if any(b <= a for a, b in itertools.pairwise(positions)):
+    cells = tuple((a, _column(cells_by_attr, a, n, (str,))) for a in cells_by_attr)
+    later = (offset[1:] > offset[:-1]) | ((offset[1:] == offset[:-1]) & (index[1:] > index[:-1]))
+    if not later.all():
         raise BadRecord("malformed envelope")  # not in source order
-    if int in set(map(type, values)):
-        values = [None if v is None else float(v) for v in values]
-    if not deletes and not cell_columns:  # the common case, without a loop in Python
-        return Envelope(obj["s"], offsets, indexes, list(map(Event, users, keys, values)))
-    events = [
-        Event(
-            users[i],
-            keys[i],
-            values[i],
-            i in deletes,
-            tuple((a, column[i]) for a, column in cell_columns if column[i] is not None),
-        )
-        for i in range(n)
-    ]
-    return Envelope(obj["s"], offsets, indexes, events)
+    indexes = obj["i"] if "i" in obj else [0] * n
+    return Envelope(
+        obj["s"], offsets, indexes, Batch(user_ids, user, keys, key, value, delete, cells)
+    )

@@ -17,20 +17,25 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting
 from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 
-from .counting import add_weights
+from .counting import UnitColumns, add_weights
 from .kinds import statistic_for
-from .records import Event, partition_for
+from .records import Batch, Event, partition_for
 from .statistic import Report, Statistic, Users
 
 log = logging.getLogger(__name__)
 
 # 3: the default kind mean (whole-user mean) releases noisy samples, no exact counts.
 SCHEMA_VERSION = 3
+
+
+_UNUSED: dict[str, int] = {}  # a new user's "used"
 
 
 class StatisticChanged(DpStreamError):
@@ -46,6 +51,8 @@ class Stage1:
     def __init__(self, cfg: PipelineConfig) -> None:
         stats = [statistic_for(s, cfg) for s in cfg.statistics]
         self._stats = [s.counting for s in stats if s.counting is not None]
+        self._columns = UnitColumns([s for s in self._stats if s.columnar])
+        self._per_user = [s for s in self._stats if not s.columnar]
         self._user_stats = [s for s in stats if s.counting is None]
 
     @staticmethod
@@ -56,16 +63,23 @@ class Stage1:
         self,
         pstate: dict,
         users: MutableMapping[str, dict],
-        events: list[Event],
+        events: Batch | list[Event],
         offset: int,
         partition: int = 0,
     ) -> None:
         """Count record ``offset``'s events against their users' totals; add what they
         contribute to this tick's pending sums.
 
+        The count and sum statistics advance over the whole record in numpy
+        (``counting.UnitColumns``); the other kinds per user. One table write per user
+        per record: {"used": units per stream slot so far, "offset": the record, "kept":
+        the per-user kinds' weights from it (if any), "state"/"redo": see below}.
+
         Idempotent per record, whichever of the table writes (user entries, then the
         partition state) survived a crash: a user entry remembers the offset it last
-        applied and what it contributed then, so a re-delivered record
+        applied and what it contributed then (a count or sum: the units this same record
+        gives it again, before them used - units, ``_readded``; the per-user kinds:
+        "kept"), so a re-delivered record
         * re-counts a user whose entry missed it (else the user could exceed tau), and
         * re-adds the contribution of a user whose entry has it but whose units the
           partition's pending sums lost (else the count would lose them).
@@ -77,37 +91,93 @@ class Stage1:
         A statistic with per-user state keeps its user's state in the entry ("state") and what the
         record did to the partition's state ("redo"), re-applied in the same case.
         """
+        batch = Batch.of(events)
+        if not len(batch):
+            return
         in_pending = offset <= pstate["last_offset"]
         pending: dict[str, dict[str, int]] = pstate["pending"]
-        by_user: dict[str, list[Event]] = {}
-        for event in events:
-            group = by_user.get(event.user_id)
-            if group is None:
-                by_user[event.user_id] = [event]
-            else:
-                group.append(event)
-        # One table write per user per record (one changelog entry per user per window).
-        for user_id, user_events in by_user.items():
-            stored = users.get(user_id)
-            if stored is not None and stored["offset"] >= offset:
-                if stored["offset"] == offset and not in_pending:
-                    for name, weights in stored["kept"].items():
+        user_ids, rows = batch.by_user()
+        stored = [users.get(user_id) for user_id in user_ids]
+        columns = self._columns
+        units = columns.units(batch, rows, len(user_ids))
+        before = columns.before([_UNUSED if e is None else e["used"] for e in stored])
+        # Per user: count the record (its entry missed it), re-add it (its entry has it,
+        # the pending sums lost it) or neither.
+        counts = [entry is None or entry["offset"] < offset for entry in stored]
+        readds = None
+        if not all(counts):
+            readds = [
+                not (c or in_pending) and e["offset"] == offset
+                for c, e in zip(counts, stored, strict=True)
+            ]  # type: ignore[index]
+            before, units = self._readded(stored, counts, readds, before, units)
+        if not in_pending:
+            columns.add_pending(pending, before, units)
+        per_user = self._per_user or self._user_stats
+        events_of = self._events_by_user(batch, rows) if per_user else None
+        changed = columns.changed(before + units, units)
+        for i, (user_id, entry, count) in enumerate(zip(user_ids, stored, counts, strict=True)):
+            if not count:
+                if readds is not None and readds[i]:
+                    for name, weights in entry.get("kept", {}).items():  # type: ignore[union-attr]
                         add_weights(pending.setdefault(name, {}), weights)
-                    self._redo(pstate, stored.get("redo", {}), partition)
+                    self._redo(pstate, entry.get("redo", {}), partition)  # type: ignore[union-attr]
                 continue
-            used = {} if stored is None else stored["used"].copy()
-            kept_now: dict[str, dict[str, int]] = {}
-            for stat in self._stats:
-                stat.add(user_events, used, kept_now)
-            if not in_pending:
-                for name, weights in kept_now.items():
-                    add_weights(pending.setdefault(name, {}), weights)
-            entry = {"used": used, "offset": offset, "kept": kept_now}
-            if self._user_stats:
-                self._apply_user_stats(
-                    pstate, stored or {}, entry, user_events, partition, in_pending
-                )
-            users[user_id] = entry
+            used = changed[i] if entry is None else entry["used"] | changed[i]
+            new = {"used": used, "offset": offset}
+            if events_of is not None:
+                self._add_per_user(pstate, entry or {}, new, events_of[i], partition, in_pending)
+            users[user_id] = new
+
+    def _readded(
+        self,
+        stored: list[dict | None],
+        counts: list[bool],
+        readds: list[bool],
+        before: np.ndarray,
+        units: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(units before, units) per user of a re-delivered record for the pending sums:
+        a user who counts it as before; one whose entry has it and whose units the
+        pending sums lost: the same units (the same record, cut by ``unseen`` against the
+        same partition state, the one from before it), before them used - units; any
+        other user: none. An entry written before the count and sum kinds were counted
+        in numpy has their weights in "kept" (re-added from there)."""
+        names = {stat.name for stat in self._columns.stats}
+        keep = [
+            c or (r and not names & e.get("kept", {}).keys())  # type: ignore[union-attr]
+            for c, r, e in zip(counts, readds, stored, strict=True)
+        ]
+        mask, counting = np.array(keep)[:, None], np.array(counts)[:, None]
+        return np.where(counting, before, before - units), np.where(mask, units, 0)
+
+    def _add_per_user(
+        self,
+        pstate: dict,
+        stored: dict,
+        entry: dict,
+        events: list[Event],
+        partition: int,
+        in_pending: bool,
+    ) -> None:
+        """The kinds counted per user, for one user's events of a record."""
+        kept_now: dict[str, dict[str, int]] = {}
+        for stat in self._per_user:
+            stat.add(events, entry["used"], kept_now)
+        if not in_pending:
+            for name, weights in kept_now.items():
+                add_weights(pstate["pending"].setdefault(name, {}), weights)
+        if kept_now:
+            entry["kept"] = kept_now
+        if self._user_stats:
+            self._apply_user_stats(pstate, stored, entry, events, partition, in_pending)
+
+    @staticmethod
+    def _events_by_user(batch: Batch, rows: np.ndarray) -> list[list[Event]]:
+        out: list[list[Event]] = [[] for _ in range(int(rows.max()) + 1)]
+        for row, event in zip(rows.tolist(), batch, strict=True):
+            out[row].append(event)
+        return out
 
     def _apply_user_stats(
         self,

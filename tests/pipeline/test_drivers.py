@@ -7,7 +7,7 @@ import random
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline.drivers import Stage1Driver, Stage2Driver
-from dpstream.pipeline.records import Envelope, Event, encode_envelope, partition_for
+from dpstream.pipeline.records import Batch, Envelope, Event, encode_envelope, partition_for
 from dpstream.pipeline.stages import Stage1, Stage2
 from dpstream.pipeline.statistic import Report
 
@@ -115,7 +115,7 @@ def test_every_source_event_is_counted_once_across_crashes_and_zombies():
             for offsets in log:
                 events = [Event("u", None, None)] * len(offsets)
                 fresh = Stage1Driver.unseen(
-                    pstate, Envelope("s/0", offsets, [0] * len(offsets), events)
+                    pstate, Envelope("s/0", offsets, [0] * len(offsets), Batch.of(events))
                 )
                 counted += offsets[len(offsets) - len(fresh) :]
         assert sorted(counted) == list(range(n))

@@ -150,7 +150,7 @@ def test_an_envelope_round_trips_every_field():
         events,
     )
     compact = orjson.loads(encode_envelope("t/4", [1], [0], [Event("a", None, None)]))
-    assert compact == {"s": "t/4", "o": [1], "u": ["a"]}  # absent columns are not written
+    assert compact == {"s": "t/4", "o": [1], "U": ["a"], "x": [0]}  # absent: not written
 
 
 @pytest.mark.parametrize(
