@@ -9,10 +9,12 @@ partition's records, Faust only logs "No event received for active tp ... since 
 start" every 5 s, and the worker processes nothing, forever. Seen after rebalances
 (docs/reliability.md): ``test_two_workers_one_dies_the_survivor_takes_over`` (the survivor,
 after the other worker's SIGKILL, read its kept changelog partitions to their highwater and
-received not one record of the partitions it took over, 1 of 20 local runs) and in the
+received not one record of the partitions it took over; 1 of 40 local runs) and in the
 ingest's crash test. faust-streaming #74 (the stream buffer full during recovery) is one
 way in; 0.15.3 has its fix (``Consumer.on_buffer_full`` keeps partitions fetched during
-recovery), and the hang remained.
+recovery), and the hang remained. The cause inside the consumer was not found: the hung
+worker's task dump (mode's SIGUSR1) showed Faust's fetch loop waiting on aiokafka for
+records, and aiokafka delivering none of those partitions, while nothing else was blocked.
 
 :class:`RecoveryWatchdog` looks every few seconds. A partition is *stalled* when Faust is
 in recovery, the partition still has records to read (``Recovery.active_remaining``), and
@@ -20,9 +22,10 @@ no record of it arrived for ``stall_after`` seconds (since the recovery started,
 its last record). Then, once per recovery, it does again what Faust did at the recovery's
 start: resume the partitions in Faust's consumer and seek them to the offset Faust wants
 next (aiokafka drops what it had buffered for them and fetches anew). If they are still
-stalled ``stall_after`` seconds later, it crashes the app: the worker exits, and a
-restarted one recovers its tables from the changelogs, which any SIGKILL already requires
-(the crash tests of ``tests/integration/test_faults.py``).
+stalled ``stall_after`` seconds later, it crashes the app: the worker exits with an error,
+and a restarted one (whatever restarts a failed worker) recovers its tables from the
+changelogs, which any SIGKILL already requires (the crash tests of
+``tests/integration/test_faults.py``).
 """
 
 from __future__ import annotations

@@ -952,7 +952,7 @@ def test_a_table_recovery_that_receives_no_records_is_sought_again_or_stops(
         lives.restart()
         restarted = lives.current
         if not seek_helps:
-            restarted.proc.wait(120)  # the watchdog stops it
+            assert restarted.proc.wait(120) != 0  # the watchdog stops it: a failure
             text = restarted.log_path.read_text(errors="replace")
             assert "seeking them again" in text and "still stalled" in text
             assert f"{cfg.app_id}-stage1-changelog[0]@0" in text
