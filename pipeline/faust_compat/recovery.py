@@ -9,12 +9,15 @@ partition's records, Faust only logs "No event received for active tp ... since 
 start" every 5 s, and the worker processes nothing, forever. Seen after rebalances
 (docs/reliability.md): ``test_two_workers_one_dies_the_survivor_takes_over`` (the survivor,
 after the other worker's SIGKILL, read its kept changelog partitions to their highwater and
-received not one record of the partitions it took over; 1 of 40 local runs) and in the
+received not one record of the partitions it took over; 1 of 20 local runs) and in the
 ingest's crash test. faust-streaming #74 (the stream buffer full during recovery) is one
 way in; 0.15.3 has its fix (``Consumer.on_buffer_full`` keeps partitions fetched during
 recovery), and the hang remained. The cause inside the consumer was not found: the hung
 worker's task dump (mode's SIGUSR1) showed Faust's fetch loop waiting on aiokafka for
 records, and aiokafka delivering none of those partitions, while nothing else was blocked.
+Every stall seen (4 more, each ended by the watchdog's seek within 1.3 s) was of
+partitions Faust read from offset 0 (nothing read before); never of partitions it
+continued from a later offset.
 
 :class:`RecoveryWatchdog` looks every few seconds. A partition is *stalled* when Faust is
 in recovery, the partition still has records to read (``Recovery.active_remaining``), and

@@ -157,13 +157,13 @@ class SeekRecorder:
 def test_a_stalled_table_recovery_is_sought_again_then_the_worker_stops():
     # Faust's own Recovery object and state, as its recovery sets them.
     app = faust.App("recovery-test", broker="kafka://127.0.0.1:9", store="memory://")
-    recovery = app.tables.recovery
+    faust_recovery = app.tables.recovery
     stalled, done, moving = (TopicPartition("app-stage1-changelog", p) for p in range(3))
-    recovery.active_highwaters.update({stalled: 85, done: 40, moving: 90})
-    recovery.active_offsets.update({stalled: -1, done: 40, moving: 12})
-    recovery._set_recovery_started()  # what _restart_recovery does before reading
-    started = recovery._recovery_started_at
-    assert app.in_recovery and recovery.in_recovery
+    faust_recovery.active_highwaters.update({stalled: 85, done: 40, moving: 90})
+    faust_recovery.active_offsets.update({stalled: -1, done: 40, moving: 12})
+    faust_recovery._set_recovery_started()  # what _restart_recovery does before reading
+    started = faust_recovery._recovery_started_at
+    assert app.in_recovery and faust_recovery.in_recovery
 
     crashes: list[BaseException] = []
 
@@ -178,7 +178,7 @@ def test_a_stalled_table_recovery_is_sought_again_then_the_worker_stops():
     def at(seconds: float, moving_received: float | None = None) -> None:
         now[0] = started + seconds
         if moving_received is not None:
-            recovery._active_events_received_at[moving] = started + moving_received
+            faust_recovery._active_events_received_at[moving] = started + moving_received
         asyncio.run(watchdog.check())
 
     at(14.0, moving_received=14.0)
@@ -195,11 +195,11 @@ def test_a_stalled_table_recovery_is_sought_again_then_the_worker_stops():
     assert "app-stage1-changelog[0]@0" in str(crashes[0])
 
     # A later recovery starts over: a seek first, not a crash.
-    recovery._set_recovery_started()
-    started = recovery._recovery_started_at
+    faust_recovery._set_recovery_started()
+    started = faust_recovery._recovery_started_at
     at(15.0, moving_received=15.0)
     assert len(consumer.seeks) == 2 and len(crashes) == 1
-    recovery._set_recovery_ended()
+    faust_recovery._set_recovery_ended()
     at(60.0)
     assert len(consumer.seeks) == 2 and len(crashes) == 1  # not in recovery: nothing to do
 
