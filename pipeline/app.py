@@ -86,6 +86,8 @@ def create_app(
     stage1_table = BatchedTable(app, app.Table("stage1", partitions=partitions, key_type=str))
     stage1_table.install()
     stage2_state = app.Table("stage2", partitions=partitions, key_type=str)
+    # Faust's recovery of these tables waits for the changelogs without a time limit.
+    faust_compat.watch_recovery(app)
 
     driver1 = Stage1Driver(cfg)
     driver2 = Stage2Driver(cfg, noise, partitions)

@@ -9,6 +9,8 @@ since each piece reaches past a public API:
 * ``internals``: what ``pipeline/changelog.py`` needs of a Faust app and table: the
   aiokafka producer, the memory store's dicts, and a producer flush that sends
   dpstream's changelog windows first.
+* ``recovery``: a watchdog on Faust's table recovery, which waits for changelog records
+  without a time limit: stalled partitions are sought again, then the worker stops.
 
 Changing a version: run ``tests/pipeline/test_faust_compat.py`` and the fault suite
 (``tests/integration/test_faults.py``), then update :data:`WRITTEN_FOR` and the pins.
@@ -21,17 +23,21 @@ from importlib.metadata import version
 from dpstream.operators.errors import DpStreamError
 
 from .internals import aiokafka_producer, memory_store, send_first_on_flush
+from .recovery import RecoveryStalled, RecoveryWatchdog, watch_recovery
 from .transport import SCHEME, register_transport
 
 __all__ = [
     "SCHEME",
     "WRITTEN_FOR",
     "FaustVersionError",
+    "RecoveryStalled",
+    "RecoveryWatchdog",
     "aiokafka_producer",
     "check_versions",
     "install",
     "memory_store",
     "send_first_on_flush",
+    "watch_recovery",
 ]
 
 WRITTEN_FOR: dict[str, str] = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}

@@ -900,3 +900,81 @@ def test_records_the_consumer_skipped_are_read_and_counted_once(bootstrap, tmp_p
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
     text = worker.log_path.read_text(errors="replace")
     assert ("the consumer skipped offsets" if where == "input" else "reports after tick") in text
+
+
+STALL_HOOK = """
+import os
+from aiokafka.consumer.fetcher import Fetcher
+
+_FILE = os.environ["DPSTREAM_TEST_STALL_FILE"]
+_fetched_records = Fetcher.fetched_records
+_dropped = [0]
+
+
+async def fetched_records(self, *args, **kwargs):  # what Faust's consumer reads
+    batches = await _fetched_records(self, *args, **kwargs)
+    if os.path.exists(_FILE):
+        topic, partition, times = open(_FILE).read().split()
+        for tp, records in batches.items():
+            if tp.topic == topic and tp.partition == int(partition) and records:
+                if _dropped[0] < int(times):  # fetched, so never fetched again
+                    _dropped[0] += 1
+                    records.clear()
+    return batches
+
+
+Fetcher.fetched_records = fetched_records
+"""
+
+
+@pytest.mark.parametrize("seek_helps", [True, False])
+def test_a_table_recovery_that_receives_no_records_is_sought_again_or_stops(
+    bootstrap, tmp_path, seek_helps
+):
+    """Faust's table recovery waits for changelog records without a time limit; when the
+    consumer never delivers a partition's records, the worker hangs in recovery (seen after
+    rebalances: faust_compat/recovery.py). Here the restarted worker's first delivery of
+    stage-1 changelog partition 0 is dropped on the way (STALL_HOOK), so its records are
+    never fetched again. ``seek_helps``: the watchdog seeks the partition again, the
+    recovery ends, and the releases are exactly the truncated counts. Otherwise (every
+    delivery dropped) the watchdog stops the worker after its seek did not help."""
+    stall = tmp_path / "stall"
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    cfg = parse_config(data)
+    env = {**FAST_REJOIN, **hooked(tmp_path, STALL_HOOK), "DPSTREAM_TEST_STALL_FILE": str(stall)}
+    worker = start_worker(bootstrap, tmp_path, data, env)
+    lives = Lives(worker, bootstrap, env)
+    rd = readers(bootstrap, worker)
+    traffic = Traffic(bootstrap, cfg, 11)
+    try:
+        wait_for_first_release(worker, rd["views"])
+        traffic.start()
+        wait_for_progress(lives, rd, time.time())
+        stall.write_text(f"{cfg.app_id}-stage1-changelog 0 {1 if seek_helps else 10**9}")
+        lives.kill("before a recovery that receives nothing")
+        lives.restart()
+        restarted = lives.current
+        if not seek_helps:
+            assert restarted.proc.wait(120) != 0  # the watchdog stops it: a failure
+            text = restarted.log_path.read_text(errors="replace")
+            assert "seeking them again" in text and "still stalled" in text
+            assert f"{cfg.app_id}-stage1-changelog[0]@0" in text
+            traffic.abort()
+            return
+        wait_for_progress(lives, rd, time.time(), timeout=90)
+        out = finish(lives, rd, traffic)
+    except BaseException:
+        traffic.abort()
+        raise
+    finally:
+        for r in rd.values():
+            r.close()
+        lives.stop()
+    text = restarted.log_path.read_text(errors="replace")
+    assert f"{cfg.app_id}-stage1-changelog[0]@0; seeking them again" in text
+    out.update(exported(bootstrap, worker, env, tmp_path), cfg=cfg)
+    truth = truncated_counts(out["log"], cfg)
+    for name, released in check_common(out, kills=1).items():
+        for record in released:
+            rel = orjson.loads(record)
+            assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])

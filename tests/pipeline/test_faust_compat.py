@@ -15,7 +15,7 @@ from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline import faust_compat
 from dpstream.pipeline.app import create_app
-from dpstream.pipeline.faust_compat import transport
+from dpstream.pipeline.faust_compat import recovery, transport
 
 
 def test_the_versions_it_was_written_for_are_checked():
@@ -138,3 +138,91 @@ def test_a_memory_table_exposes_its_entries_and_key_partitions():
     data["k"] = {"v": 1}
     key_partition["k"] = 1
     assert table.data.data["k"] == {"v": 1} and table.data._key_partition == {"k": 1}
+
+
+class SeekRecorder:
+    """What the watchdog uses of Faust's consumer, recorded."""
+
+    def __init__(self) -> None:
+        self.resumed: list[set] = []
+        self.seeks: list[dict] = []
+
+    def resume_partitions(self, tps) -> None:
+        self.resumed.append(set(tps))
+
+    async def seek_wait(self, partitions) -> None:
+        self.seeks.append(dict(partitions))
+
+
+def test_a_stalled_table_recovery_is_sought_again_then_the_worker_stops():
+    # Faust's own Recovery object and state, as its recovery sets them.
+    app = faust.App("recovery-test", broker="kafka://127.0.0.1:9", store="memory://")
+    faust_recovery = app.tables.recovery
+    stalled, done, moving = (TopicPartition("app-stage1-changelog", p) for p in range(3))
+    faust_recovery.active_highwaters.update({stalled: 85, done: 40, moving: 90})
+    faust_recovery.active_offsets.update({stalled: -1, done: 40, moving: 12})
+    faust_recovery._set_recovery_started()  # what _restart_recovery does before reading
+    started = faust_recovery._recovery_started_at
+    assert app.in_recovery and faust_recovery.in_recovery
+
+    crashes: list[BaseException] = []
+
+    async def crash(exc: BaseException) -> None:
+        crashes.append(exc)
+
+    consumer = SeekRecorder()
+    now = [started]
+    fake = SimpleNamespace(tables=app.tables, consumer=consumer, crash=crash)
+    watchdog = faust_compat.RecoveryWatchdog(fake, stall_after=15.0, clock=lambda: now[0])
+
+    def at(seconds: float, moving_received: float | None = None) -> None:
+        now[0] = started + seconds
+        if moving_received is not None:
+            faust_recovery._active_events_received_at[moving] = started + moving_received
+        asyncio.run(watchdog.check())
+
+    at(14.0, moving_received=14.0)
+    assert consumer.seeks == [] and crashes == []
+    # 15 s without a record of `stalled` (none since the start; -1 is read from 0); `done`
+    # has nothing left; `moving` received one 1 s ago.
+    at(15.0, moving_received=14.0)
+    assert consumer.resumed == [{stalled}] and consumer.seeks == [{stalled: 0}]
+    at(29.0, moving_received=28.0)  # still nothing, but the seek was 14 s ago
+    assert len(consumer.seeks) == 1 and crashes == []
+    at(30.0, moving_received=29.0)
+    assert len(consumer.seeks) == 1
+    assert [type(e) for e in crashes] == [faust_compat.RecoveryStalled]
+    assert "app-stage1-changelog[0]@0" in str(crashes[0])
+
+    # A later recovery starts over: a seek first, not a crash.
+    faust_recovery._set_recovery_started()
+    started = faust_recovery._recovery_started_at
+    at(15.0, moving_received=15.0)
+    assert len(consumer.seeks) == 2 and len(crashes) == 1
+    faust_recovery._set_recovery_ended()
+    at(60.0)
+    assert len(consumer.seeks) == 2 and len(crashes) == 1  # not in recovery: nothing to do
+
+
+def test_the_worker_app_runs_the_recovery_watchdog(tmp_path, monkeypatch):
+    watched: list = []
+    monkeypatch.setattr(faust_compat, "watch_recovery", watched.append)
+    cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
+                        "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
+    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    assert watched == [app]
+    # It starts at the first assignment, before Faust's first recovery (app timers start
+    # after it), and once.
+    plain = faust.App("watch-test", broker="kafka://127.0.0.1:9")
+    watchdog = recovery.watch_recovery(plain, stall_after=8.0)
+    started: list = []
+    monkeypatch.setattr(plain, "add_future", lambda coro: started.append(coro) or coro)
+
+    async def assigned_twice() -> None:
+        await plain.on_partitions_assigned.send(set())
+        await plain.on_partitions_assigned.send(set())
+
+    asyncio.run(assigned_twice())
+    assert len(started) == 1 and started[0].cr_code.co_name == "run"
+    assert watchdog.task is started[0] and watchdog.stall_after == 8.0
+    started[0].close()

@@ -1,0 +1,131 @@
+"""Faust's table recovery, watched: a recovery that stops receiving changelog records is
+restarted, and if that does not help the worker stops.
+
+Faust's ``Recovery._restart_recovery`` (faust-streaming 0.15.3) waits for the active
+changelog partitions without a time limit: it awaits ``signal_recovery_end``, which
+``_slurp_changelogs`` sets only once every active changelog partition has been read up to
+the highwater measured when the recovery started. If the consumer never delivers a
+partition's records, Faust only logs "No event received for active tp ... since recovery
+start" every 5 s, and the worker processes nothing, forever. Seen after rebalances
+(docs/reliability.md): ``test_two_workers_one_dies_the_survivor_takes_over`` (the survivor,
+after the other worker's SIGKILL, read its kept changelog partitions to their highwater and
+received not one record of the partitions it took over; 1 of 20 local runs) and in the
+ingest's crash test. faust-streaming #74 (the stream buffer full during recovery) is one
+way in; 0.15.3 has its fix (``Consumer.on_buffer_full`` keeps partitions fetched during
+recovery), and the hang remained. The cause inside the consumer was not found: the hung
+worker's task dump (mode's SIGUSR1) showed Faust's fetch loop waiting on aiokafka for
+records, and aiokafka delivering none of those partitions, while nothing else was blocked.
+Every stall seen (4 more, each ended by the watchdog's seek within 1.3 s) was of
+partitions Faust read from offset 0 (nothing read before); never of partitions it
+continued from a later offset.
+
+:class:`RecoveryWatchdog` looks every few seconds. A partition is *stalled* when Faust is
+in recovery, the partition still has records to read (``Recovery.active_remaining``), and
+no record of it arrived for ``stall_after`` seconds (since the recovery started, or since
+its last record). Then, once per recovery, it does again what Faust did at the recovery's
+start: resume the partitions in Faust's consumer and seek them to the offset Faust wants
+next (aiokafka drops what it had buffered for them and fetches anew). If they are still
+stalled ``stall_after`` seconds later, it crashes the app: the worker exits with an error,
+and a restarted one (whatever restarts a failed worker) recovers its tables from the
+changelogs, which any SIGKILL already requires (the crash tests of
+``tests/integration/test_faults.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import faust
+
+from dpstream.operators.errors import DpStreamError
+
+log = logging.getLogger(__name__)
+
+STALL_SECONDS = 15.0
+"""Seconds without a changelog record, while records remain, before the watchdog acts. A
+recovery that progresses receives every partition's records in each fetch round (aiokafka
+fetches all partitions with records left at once), well under a second apart."""
+
+
+class RecoveryStalled(DpStreamError):
+    """Faust's table recovery received no changelog records for too long (the worker stops)."""
+
+
+class RecoveryWatchdog:
+    """Watches Faust's table recovery of ``app`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        stall_after: float = STALL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.stall_after = stall_after
+        self._clock = clock
+        self._reseek: tuple[float, float] | None = None  # (the recovery's start, when)
+        self.task: asyncio.Future | None = None
+
+    async def run(self, interval: float) -> None:
+        """:meth:`check` every ``interval`` seconds until the app stops."""
+        while not self.app.should_stop:
+            await self.app.sleep(interval)
+            try:
+                await self.check()
+            except Exception:  # a failed seek is tried again; the app must not crash here
+                log.exception("table recovery watchdog")
+
+    def stalled(self, now: float) -> dict[Any, int]:
+        """The active changelog partitions of the running recovery that still have records
+        to read and received none for ``stall_after`` seconds, each with the offset Faust
+        wants to read next (as Faust's own seek at the recovery's start: -1 is 0)."""
+        recovery = self.app.tables.recovery
+        started = recovery._recovery_started_at
+        if not recovery.in_recovery or started is None:
+            return {}
+        received = recovery._active_events_received_at
+        offsets = recovery.active_offsets
+        return {
+            tp: max(offsets[tp], 0)
+            for tp, left in recovery.active_remaining().items()
+            if left > 0 and now - received.get(tp, started) >= self.stall_after
+        }
+
+    async def check(self) -> None:
+        """Seek stalled partitions again, once per recovery; crash if that did not help."""
+        now = self._clock()
+        stalled = self.stalled(now)
+        if not stalled:
+            return
+        started = self.app.tables.recovery._recovery_started_at
+        names = ", ".join(f"{tp.topic}[{tp.partition}]@{at}" for tp, at in sorted(stalled.items()))
+        if self._reseek is None or self._reseek[0] != started:
+            self._reseek = (started, now)
+            log.warning(
+                "table recovery: no changelog record for %.0f s from %s; seeking them again",
+                self.stall_after,
+                names,
+            )
+            consumer = self.app.consumer
+            consumer.resume_partitions(set(stalled))
+            await consumer.seek_wait(stalled)
+        elif now - self._reseek[1] >= self.stall_after:
+            log.error("table recovery still stalled at %s after a new seek; stopping", names)
+            await self.app.crash(RecoveryStalled(f"table recovery stalled at {names}"))
+
+
+def watch_recovery(app: faust.App, stall_after: float = STALL_SECONDS) -> RecoveryWatchdog:
+    """Run a :class:`RecoveryWatchdog` on ``app`` from its first partition assignment on
+    (Faust starts app timers only after the first recovery: too late for that one)."""
+    watchdog = RecoveryWatchdog(app, stall_after)
+
+    async def start(*_args: Any, **_kwargs: Any) -> None:
+        if watchdog.task is None:
+            watchdog.task = app.add_future(watchdog.run(stall_after / 4))
+
+    app.on_partitions_assigned.connect(start)
+    return watchdog
