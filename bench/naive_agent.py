@@ -113,7 +113,7 @@ def build_app(
             users = (
                 [e["user_id"] for e in obj]
                 if kind == BATCH
-                else obj["u"]  # dpstream's columnar envelope
+                else [obj["U"][x] for x in obj["x"]]  # dpstream's columnar envelope
                 if kind == ENVELOPE
                 else [obj["user_id"]]
             )
