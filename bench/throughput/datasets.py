@@ -86,6 +86,13 @@ def round_robin(users: int, per_user: int) -> Iterator[dict]:
             yield {"user_id": f"user-{u:07d}", "key": "click" if (u + j) % 2 else "view"}
 
 
+def compact(value: bytes) -> bytes:
+    """A copy of exactly ``len(value)`` bytes: orjson >= 3.12 returns every small value in
+    a 4 KiB allocation (ijl/orjson's buffer is never trimmed), so five million kept
+    single-event records took 20 GB; copied, 1,000,000 take 0.3 GB."""
+    return bytes(memoryview(value))
+
+
 def messages(events: Iterator[dict], batch: int) -> tuple[list[Message], int]:
     """Source records for ``events``: single-event records keyed by user id (batch 1),
     else batches (JSON arrays, header ``dpstream: batch``, no key), as
@@ -96,7 +103,7 @@ def messages(events: Iterator[dict], batch: int) -> tuple[list[Message], int]:
     n = 0
     if batch <= 1:
         for e in events:
-            out.append((str(e["user_id"]).encode(), orjson.dumps(e), None, None))
+            out.append((str(e["user_id"]).encode(), compact(orjson.dumps(e)), None, None))
             n += 1
         return out, n
     buffer: list[dict] = []
