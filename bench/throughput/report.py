@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -632,8 +633,15 @@ def pipeline_description(args: argparse.Namespace) -> str:
 def command_line(args: argparse.Namespace) -> str:
     """The run's command, less where it wrote (``--out``, ``--json``, ``--workdir``)."""
     local = ("--out", "--json", "--workdir")
-    kept = [a for a in args.argv if a.partition("=")[0] not in local]
-    return " ".join([".venv/bin/python -m bench.throughput", *kept])
+    kept, skip = [], False
+    for arg in args.argv:
+        if skip:
+            skip = False
+        elif arg in local:
+            skip = True  # "--json PATH": its value too
+        elif arg.partition("=")[0] not in local:
+            kept.append(arg)
+    return shlex.join([".venv/bin/python", "-m", "bench.throughput", *kept])
 
 
 def busy(load: str, info: dict) -> bool:
@@ -717,6 +725,9 @@ worker's, not its ingest process's). Per-run numbers are at the end.
 ## Targets
 
 {targets_section(res)}
+
+Why the unmet targets are unmet, by how much, and what it would take: `docs/throughput-gaps.md`
+(written from a full run; re-read it against a new one).
 
 {ceiling_budget(res)}
 
