@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NoReturn
 
 import faust
 import orjson
@@ -35,6 +37,56 @@ log = logging.getLogger(__name__)
 
 class HoleUnread(RuntimeError):
     """Records the consumer skipped could not be read directly (the worker stops)."""
+
+
+EXIT_INTERNAL_ERROR = os.EX_SOFTWARE
+"""The worker's exit status after an exception in an agent (70, sysexits' "internal
+software error")."""
+
+
+def exit_now() -> NoReturn:
+    """End the worker at once, as a SIGKILL would, with :data:`EXIT_INTERNAL_ERROR`: no
+    shutdown, so no offset is committed and no output or changelog write is flushed.
+
+    Faust's own crash path (a ``CrashingSupervisor``, ``App.crash``) stops the worker
+    gracefully, and that stop can wait forever: its last commit calls into the consumer
+    thread, which the crash has already stopped (faust-streaming 0.15.3, mode 0.7.1;
+    docs/reliability.md)."""
+    logging.shutdown()  # the lines that say why are written first
+    os._exit(EXIT_INTERNAL_ERROR)
+
+
+async def crash_only(
+    agent: str, stream: faust.StreamT, handle: Callable[[faust.EventT], Awaitable[None]]
+) -> None:
+    """``handle`` each event of ``stream``; an exception ends the worker (:func:`exit_now`).
+
+    Bad input never raises here (the drivers dead-letter it), so an exception is a bug,
+    and the record may be half applied in memory. Faust's default would log it, restart
+    the agent and commit past the record (docs/reliability.md). A restarted worker
+    recovers from the changelogs and reads the record again, as after any SIGKILL.
+    """
+    failed: faust.EventT | None = None
+    try:
+        async for event in stream.events():
+            failed = event
+            await handle(event)
+            failed = None
+    except Exception as exc:  # not a CancelledError: a stop or a rebalance goes on
+        if not isinstance(exc, (HoleUnread, StatisticChanged)):  # those logged why
+            where = "outside a record"
+            if failed is not None:
+                msg = failed.message
+                where = f"on {msg.topic}[{msg.partition}] offset {msg.offset}"
+            log.critical(
+                "%s: internal error %s: %r; stopping the worker (a restarted worker "
+                "reads the record again)",
+                agent,
+                where,
+                exc,
+                exc_info=exc,
+            )
+        exit_now()
 
 
 def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
@@ -114,12 +166,11 @@ def create_app(
                 None, read_range, bootstrap, topic, partition, start, end, cfg.kafka
             )
         except Exception as exc:
-            # Going on would lose the hole for good (Faust counts it as processed): stop;
-            # a restarted worker finds the same hole and reads it again.
+            # Going on would lose the hole for good (Faust counts it as processed): stop
+            # (crash_only); a restarted worker finds the same hole and reads it again.
             log.error(
                 "could not read %s[%s] %s-%s: %r; stopping", topic, partition, start, end, exc
             )
-            await app.crash(exc)
             raise HoleUnread(f"{topic}[{partition}] {start}-{end - 1}") from exc
 
     async def fill_gap(partition: int, start: int, end: int) -> None:
@@ -181,20 +232,14 @@ def create_app(
         driver1.done(pstate, offset)
         entries[pkey] = pstate
 
+    async def on_input(event: faust.EventT) -> None:
+        msg = event.message
+        stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+        await handle_input(msg.partition, msg.offset, event.value, msg.headers, stamp)
+
     @app.agent(events_topic, name="stage1")
-    async def stage1_agent(stream):
-        async for event in stream.events():
-            msg = event.message
-            try:
-                stamp = int(msg.timestamp * 1000) if msg.timestamp else None
-                await handle_input(msg.partition, msg.offset, event.value, msg.headers, stamp)
-            except HoleUnread:
-                raise  # the worker is stopping; this record is not bad
-            except Exception as exc:  # keep the worker alive; the record goes to dead letters
-                log.exception("stage 1 failed on partition %s offset %s", msg.partition, msg.offset)
-                await reject(
-                    f"internal error: {type(exc).__name__}", msg.partition, msg.offset, event.value
-                )
+    async def stage1_agent(stream: faust.StreamT) -> None:
+        await crash_only("stage 1", stream, on_input)
 
     async def handle_report(
         partition: int, offset: int, value: bytes, in_gap: bool = False
@@ -224,8 +269,7 @@ def create_app(
         except StatisticChanged as exc:
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
-            await app.crash(exc)
-            raise
+            raise  # crash_only stops the worker
         key = report.statistic.encode()
         sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
         for release in releases:
@@ -234,10 +278,12 @@ def create_app(
         await acknowledged(sent)
         stage2_state[report.statistic] = sstate
 
+    async def on_report(event: faust.EventT) -> None:
+        await handle_report(event.message.partition, event.message.offset, event.value)
+
     @app.agent(stage2_topic, name="stage2")
-    async def stage2_agent(stream):
-        async for event in stream.events():
-            await handle_report(event.message.partition, event.message.offset, event.value)
+    async def stage2_agent(stream: faust.StreamT) -> None:
+        await crash_only("stage 2", stream, on_report)
 
     interval = cfg.ticks.interval_seconds
     clock = {"last": None}

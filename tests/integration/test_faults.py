@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy.broker import LocalKafka
+from dpstream.pipeline.app import EXIT_INTERNAL_ERROR
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.records import partition_for
 from dpstream.pipeline.synthetic import synthetic_events
@@ -978,3 +980,129 @@ def test_a_table_recovery_that_receives_no_records_is_sought_again_or_stops(
         for record in released:
             rel = orjson.loads(record)
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
+
+
+FAIL_HOOK = """
+import os
+from dpstream.pipeline import drivers
+
+_STAGE = os.environ["DPSTREAM_TEST_FAIL_STAGE"]
+_FLAG = os.environ["DPSTREAM_TEST_FAIL_FLAG"]
+_failed = []
+
+
+def _fail_once(offset):
+    if not _failed and os.path.exists(_FLAG):
+        _failed.append(offset)
+        raise RuntimeError(f"injected internal error at offset {offset}")
+
+
+_on_envelope, _on_report = drivers.Stage1Driver.on_envelope, drivers.Stage2Driver.on_report
+
+
+def on_envelope(self, pstate, users, partition, offset, value):  # stage 1: an envelope
+    out = _on_envelope(self, pstate, users, partition, offset, value)
+    _fail_once(offset)  # after its events were applied in memory
+    return out
+
+
+def on_report(self, sstate, report, offset):  # stage 2: a report that carries events
+    out = _on_report(self, sstate, report, offset)
+    if report.statistic == "views" and any(report.weights.values()):
+        _fail_once(offset)  # after it was absorbed in memory
+    return out
+
+
+if _STAGE == "stage1":
+    drivers.Stage1Driver.on_envelope = on_envelope
+else:
+    drivers.Stage2Driver.on_report = on_report
+"""
+
+
+def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> int:
+    """The consumer group's committed offset of one partition (negative: none)."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 0})
+    try:
+        return probe.committed([TopicPartition(topic, partition)], timeout=10)[0].offset
+    finally:
+        probe.close()
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+def test_an_internal_error_in_an_agent_stops_the_worker_and_the_record_is_read_again(
+    bootstrap, tmp_path, stage
+):
+    """An exception in an agent that is not bad input is a bug; the record it came from
+    may be half applied in memory (FAIL_HOOK raises once, after the stage's driver applied
+    an envelope, or absorbed a report of views that carries events). Faust's default
+    restarted the agent and committed past the record. The worker must end instead, at
+    once (Faust's own crash stop could hang), with its internal-error exit status and a
+    log line naming the agent and the record's position, whose offset it did not commit;
+    a normal worker then reads the record again (no hole read) and every event counts
+    once: the releases, one per tick after dropping identical re-sends, are the
+    truncated counts of the log, and stage 1's per-user state equals each user's
+    events."""
+    flag = tmp_path / "fail-from-now"
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    cfg = parse_config(data)
+    env = {
+        **FAST_REJOIN,
+        **hooked(tmp_path, FAIL_HOOK),
+        "DPSTREAM_TEST_FAIL_STAGE": stage,
+        "DPSTREAM_TEST_FAIL_FLAG": str(flag),
+    }
+    first = start_worker(bootstrap, tmp_path, data, env)
+    lives = Lives(first, bootstrap, dict(FAST_REJOIN))  # the restarted worker is a normal one
+    rd = readers(bootstrap, first)
+    users = [f"user-{u:03d}" for u in range(30)]
+    events = [{"user_id": u, "key": k} for u in users for k in ("view", "click") * 3]
+    try:
+        wait_for_first_release(first, rd["views"])
+        flag.touch()
+        producer = make_producer(bootstrap)
+        produce_events(producer, cfg, events)
+        assert producer.flush(10) == 0
+        assert first.proc.wait(RESTART_TIMEOUT) == EXIT_INTERNAL_ERROR, first.log_tail()
+        agent, topic = (
+            ("stage 1", cfg.events_topic) if stage == "stage1" else ("stage 2", cfg.stage2_topic)
+        )
+        text = first.log_path.read_text(errors="replace")
+        line = re.search(
+            rf"{agent}: internal error on {re.escape(topic)}\[(\d+)\] offset (\d+): "
+            r"RuntimeError\('injected internal error at offset (\d+)'\); stopping the worker",
+            text,
+        )
+        assert line, first.log_tail()
+        partition, offset, injected = (int(g) for g in line.groups())
+        assert offset == injected
+        assert committed_offset(bootstrap, cfg.app_id, topic, partition) <= offset
+        restarted = lives.restart()
+        wait_for_progress(lives, rd, restarted)
+
+        def counted() -> bool:
+            return any(r["value"] == 3 * len(users) for r in rd["views"].drain())
+
+        wait_until(counted, RESTART_TIMEOUT, "every view released", lives.current)
+        wait_for_progress(lives, rd, time.time())
+        lives.current.assert_running()
+        releases = {s.name: rd[s.name].records[:] for s in cfg.statistics}
+        dead = rd["_dead"].drain()
+        users_state = user_entries(bootstrap, cfg)
+    finally:
+        for r in rd.values():
+            r.close()
+        lives.stop()
+    assert dead == []
+    text = lives.current.log_path.read_text(errors="replace")
+    assert "internal error" not in text
+    assert "the consumer skipped offsets" not in text and "reports after tick" not in text
+    log = list(export_log(cfg, bootstrap))
+    assert sum(1 for x in log if b'"user_id"' in x) == len(events)
+    truth = truncated_counts(log, cfg)
+    for name, raw in releases.items():
+        for record in deduplicated(name, raw):
+            rel = orjson.loads(record)
+            assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
+    per_user = {"views": 3, "clicks": 3, "views4": 3, "clicks_exp": 3}
+    assert {u: e["used"] for u, e in users_state.items()} == dict.fromkeys(users, per_user)

@@ -1,0 +1,125 @@
+"""An exception in a stage agent ends the worker at once (pipeline/app.py, crash_only)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from dpstream.config.schema import parse_config
+from dpstream.operators.noise import ZeroNoise
+from dpstream.pipeline import app as app_module
+from dpstream.pipeline.app import HoleUnread, crash_only, create_app
+
+
+class Exited(BaseException):
+    """What the test's ``exit_now`` raises instead of ending the process."""
+
+
+def event(partition: int, offset: int, value: bytes | None = None) -> SimpleNamespace:
+    message = SimpleNamespace(
+        topic="events", partition=partition, offset=offset, timestamp=None, headers=None
+    )
+    return SimpleNamespace(message=message, value=value)
+
+
+class Stream:
+    """The part of a Faust stream an agent uses: ``events()``."""
+
+    def __init__(self, *events: SimpleNamespace, then: BaseException | None = None) -> None:
+        self._events, self._then = events, then
+
+    async def events(self):
+        for e in self._events:
+            yield e
+        if self._then is not None:
+            raise self._then
+
+
+@pytest.fixture
+def exits(monkeypatch) -> list[int]:
+    calls: list[int] = []
+
+    def exit_now() -> None:
+        calls.append(1)
+        raise Exited
+
+    monkeypatch.setattr(app_module, "exit_now", exit_now)
+    return calls
+
+
+def run(
+    stream: Stream,
+    fail_at: int | None = None,
+    error: BaseException | None = None,
+    handled: list[int] | None = None,
+) -> None:
+    """``crash_only`` over ``stream``; its handler notes each offset in ``handled`` and
+    raises ``error`` at ``fail_at``."""
+
+    async def handle(e) -> None:
+        if handled is not None:
+            handled.append(e.message.offset)
+        if e.message.offset == fail_at:
+            raise error or RuntimeError("boom")
+
+    asyncio.run(crash_only("stage 1", stream, handle))
+
+
+def test_an_exception_on_a_record_ends_the_worker_naming_the_record(exits, caplog):
+    stream = Stream(event(2, 7), event(2, 8), event(2, 9))
+    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
+        run(stream, fail_at=8)
+    assert exits == [1]
+    [line] = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert line.getMessage() == (
+        "stage 1: internal error on events[2] offset 8: RuntimeError('boom'); stopping the "
+        "worker (a restarted worker reads the record again)"
+    )
+    assert line.exc_info is not None
+
+
+def test_nothing_is_handled_after_the_failing_record(exits):
+    handled: list[int] = []
+    with pytest.raises(Exited):
+        run(Stream(event(0, 7), event(0, 8), event(0, 9)), 8, KeyError("bug"), handled)
+    assert handled == [7, 8]
+
+
+def test_an_exception_of_the_stream_itself_ends_the_worker_too(exits, caplog):
+    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
+        run(Stream(event(1, 3), then=ValueError("stream")))
+    assert exits == [1]
+    assert "stage 1: internal error outside a record: ValueError('stream')" in caplog.text
+
+
+def test_a_stop_the_stage_logged_itself_is_not_called_an_internal_error(exits, caplog):
+    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
+        run(Stream(event(0, 4)), fail_at=4, error=HoleUnread("events[0] 1-3"))
+    assert exits == [1]
+    assert "internal error" not in caplog.text
+
+
+def test_a_cancellation_is_not_a_crash(exits):
+    # A stop or a rebalance cancels the agent: Faust handles that, the worker goes on.
+    with pytest.raises(asyncio.CancelledError):
+        run(Stream(event(0, 4)), fail_at=4, error=asyncio.CancelledError())
+    assert exits == []
+
+
+@pytest.mark.parametrize("agent", ["stage1", "stage2"])
+def test_both_agents_of_the_worker_app_end_the_worker_on_an_exception(
+    agent, tmp_path, exits, caplog
+):
+    cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
+                        "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
+    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    fun = app.agents[agent].fun
+    # Not a JSON report, and tables that never started: a bug either way, not bad input.
+    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
+        asyncio.run(fun(Stream(event(3, 11))))
+    assert exits == [1]
+    stage = "stage 1" if agent == "stage1" else "stage 2"
+    assert f"{stage}: internal error on events[3] offset 11: " in caplog.text
