@@ -16,20 +16,18 @@ from types import ModuleType
 from typing import Any
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import (
-    accounting,
+from dpstream.operators import accounting, state_codec
+from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.trees import expiring_tree, kary_tree, tree_counter
+from dpstream.operators.user_level import (
+    counter as user_level,
+)
+from dpstream.operators.user_level import (
     deletions,
     distinct_count,
-    expiring_tree,
     k_selection,
-    kary_tree,
-    state_codec,
-    tree_counter,
     truncation,
-    user_level,
 )
-from dpstream.operators.noise import NoiseSource
-from dpstream.operators.release import interval
 
 from .counting import UnitCounting
 from .statistic import Statistic, Step, WeightsStage2

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpstream.operators import truncation, user_level
-from dpstream.operators import whole_user_mean as wum
+from dpstream.operators.means import whole_user_mean as wum
+from dpstream.operators.user_level import counter as user_level
+from dpstream.operators.user_level import truncation
 
 from .records import Batch, Event
 

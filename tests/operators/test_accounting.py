@@ -1,4 +1,4 @@
-"""The accountant (operators/accounting.py) against hand-computed statements."""
+"""The accountant (operators/accounting/accountant.py) against hand-computed statements."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_strict_cells_and_counts_compose_per_epoch():
 
 def test_any_subset_doubles_sensitivity_and_keeps_the_charges():
     # Item 4: strict cells under any_subset state that relation; the scales double
-    # (operators/cell_mean.py), the charge stays B.
+    # (operators/cells/cell_mean.py), the charge stays B.
     out = acc.statement(
         "p", [count("a"), cells("speed", Fraction(2), False)], "any_subset", False, 3
     )

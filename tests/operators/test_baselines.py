@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import distinct_count as dc
-from dpstream.operators import k_selection as ks
 from dpstream.operators import state_codec
-from dpstream.operators import user_level as ul
 from dpstream.operators.baselines import user_level as bl
 from dpstream.operators.errors import BudgetExceededError, InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
-from dpstream.operators.svt import LOG
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import distinct_count as dc
+from dpstream.operators.user_level import k_selection as ks
+from dpstream.operators.user_level.svt import LOG
 
 KEY = bytes(range(32))
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import cell_accountant as ca
-from dpstream.operators import cell_mean as cm
-from dpstream.operators import clip_user as cu
 from dpstream.operators import state_codec
+from dpstream.operators.cells import cell_accountant as ca
+from dpstream.operators.cells import cell_mean as cm
+from dpstream.operators.cells import clip_user as cu
 from dpstream.operators.errors import BudgetExceededError, InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise
 

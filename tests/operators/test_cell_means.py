@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import cell_mean as cm
-from dpstream.operators import exponential_mechanism as em
-from dpstream.operators import private_interval as pi
-from dpstream.operators import private_quantile as pq
-from dpstream.operators import pseudo_users as pu
+from dpstream.operators.cells import cell_mean as cm
+from dpstream.operators.cells import pseudo_users as pu
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, SeededNoise, ZeroNoise
+from dpstream.operators.selection import exponential_mechanism as em
+from dpstream.operators.selection import private_interval as pi
+from dpstream.operators.selection import private_quantile as pq
 from tests.noise_doubles import NodeNoise
 
 KEY = b"cell-means-test-key-0123456789abcdef"

@@ -19,13 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import binary_mechanism as bm
-from dpstream.operators import continual_mean as cm
-from dpstream.operators import private_median as pm
 from dpstream.operators import state_codec
 from dpstream.operators.baselines import naive_mean as nm
 from dpstream.operators.baselines import per_step_mean as b0
 from dpstream.operators.errors import BudgetExceededError, InvalidOperatorConfig
+from dpstream.operators.means import continual_mean as cm
 from dpstream.operators.noise import (
     KeyedNoise,
     RecordingNoise,
@@ -34,6 +32,8 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
+from dpstream.operators.selection import private_median as pm
+from dpstream.operators.trees import binary_mechanism as bm
 
 KEY = b"continual-mean-test-key-0123456789"
 E5 = {"epsilon": 1, "delta": 0.1, "n": 1024, "m": 16}

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import deletions as dl
 from dpstream.operators import state_codec
-from dpstream.operators import user_level as ul
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import deletions as dl
 
 KEY = bytes(range(32))
 

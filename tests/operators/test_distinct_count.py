@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import distinct_count as dc
 from dpstream.operators import state_codec
-from dpstream.operators import tree_counter as tc
-from dpstream.operators import user_level as ul
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
+from dpstream.operators.trees import tree_counter as tc
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import distinct_count as dc
 
 KEY = bytes(range(32))
 

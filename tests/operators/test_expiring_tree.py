@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import expiring_tree as et
 from dpstream.operators import state_codec
 from dpstream.operators.baselines import expiring_simple as es
 from dpstream.operators.errors import InvalidOperatorConfig
@@ -31,6 +30,7 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
+from dpstream.operators.trees import expiring_tree as et
 from tests.noise_doubles import MemoNoise, NodeNoise, shifted_noise
 from tests.operators.support import (
     discrete_laplace_pmf,

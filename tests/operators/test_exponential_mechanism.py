@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import exponential_mechanism as em
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, SeededNoise, ZeroNoise
+from dpstream.operators.noise import bits as nb
+from dpstream.operators.selection import exponential_mechanism as em
 
 KEY = b"exp-mech-test-key-0123456789abcdef"
 
@@ -59,47 +60,47 @@ def test_exp_neg_bounds_edges_and_messages() -> None:
 
 def test_bits_are_signs_of_draws_at_numbered_nodes() -> None:
     recorder = RecordingNoise(KeyedNoise(KEY))
-    bits = em.NoiseBits(recorder, ("speed", "cell", 3, "interval"))
+    bits = nb.NoiseBits(recorder, ("speed", "cell", 3, "interval"))
     values = [bits.bit() for _ in range(20)]
     nodes = [node for node, _, _ in recorder.calls]
     assert nodes == [("speed", "cell", 3, "interval", j) for j in range(len(nodes))]
-    assert all(scale == em.BIT_SCALE for _, scale, _ in recorder.calls)
+    assert all(scale == nb.BIT_SCALE for _, scale, _ in recorder.calls)
     nonzero = [v for _, _, v in recorder.calls if v]
     assert values == [int(v > 0) for v in nonzero]
 
 
 def test_zero_noise_is_degenerate_after_max_zero_run() -> None:
     recorder = RecordingNoise(ZeroNoise())
-    bits = em.NoiseBits(recorder, ("x",))
-    with pytest.raises(em.DegenerateNoise):
+    bits = nb.NoiseBits(recorder, ("x",))
+    with pytest.raises(nb.DegenerateNoise):
         bits.bit()
-    assert len(recorder.calls) == em.MAX_ZERO_RUN and bits.degenerate
-    with pytest.raises(em.DegenerateNoise):
+    assert len(recorder.calls) == nb.MAX_ZERO_RUN and bits.degenerate
+    with pytest.raises(nb.DegenerateNoise):
         bits.bit()
-    assert len(recorder.calls) == em.MAX_ZERO_RUN  # no further draws
+    assert len(recorder.calls) == nb.MAX_ZERO_RUN  # no further draws
 
 
 def test_zero_noise_gives_the_mode() -> None:
     mult, exps = [2, 2, 4, 2], [Fraction(3, 4), Fraction(1, 4), Fraction(1, 4), Fraction(3, 4)]
-    assert em.sample_index(mult, exps, em.NoiseBits(ZeroNoise(), ("x",))) == 2
+    assert em.sample_index(mult, exps, nb.NoiseBits(ZeroNoise(), ("x",))) == 2
     assert em.mode([1, 1, 1], [Fraction(1), Fraction(0), Fraction(0)]) == 1  # lowest on ties
-    assert em.uniform_below(7, em.NoiseBits(ZeroNoise(), ("y",))) == 3
+    assert nb.uniform_below(7, nb.NoiseBits(ZeroNoise(), ("y",))) == 3
 
 
 def test_keyed_choices_replay_and_differ_across_nodes() -> None:
     mult, exps = [1] * 64, [Fraction(0)] * 64
     first = [
-        em.sample_index(mult, exps, em.NoiseBits(KeyedNoise(KEY), ("c", i))) for i in range(40)
+        em.sample_index(mult, exps, nb.NoiseBits(KeyedNoise(KEY), ("c", i))) for i in range(40)
     ]
     again = [
-        em.sample_index(mult, exps, em.NoiseBits(KeyedNoise(KEY), ("c", i))) for i in range(40)
+        em.sample_index(mult, exps, nb.NoiseBits(KeyedNoise(KEY), ("c", i))) for i in range(40)
     ]
     assert first == again
     assert len(set(first)) > 10
 
 
 def test_weight_validation_messages() -> None:
-    bits = em.NoiseBits(SeededNoise(1), ("x",))
+    bits = nb.NoiseBits(SeededNoise(1), ("x",))
     with pytest.raises(InvalidOperatorConfig, match="multiplicities must be not all zero"):
         em.sample_index([0, 0], [Fraction(0), Fraction(1)], bits)
     with pytest.raises(InvalidOperatorConfig, match="multiplicity must be >= 0, got -1"):
@@ -111,13 +112,13 @@ def test_weight_validation_messages() -> None:
     with pytest.raises(InvalidOperatorConfig, match=r"exponents must be as many as the multi"):
         em.sample_index([1, 1], [Fraction(0)], bits)
     with pytest.raises(InvalidOperatorConfig, match="n must be >= 1, got 0"):
-        em.uniform_below(0, bits)
+        nb.uniform_below(0, bits)
 
 
 def test_zero_multiplicity_is_never_drawn() -> None:
     noise = SeededNoise(5)
     mult, exps = [0, 3, 0, 1], [Fraction(0), Fraction(2), Fraction(0), Fraction(1, 3)]
-    draws = {em.sample_index(mult, exps, em.NoiseBits(noise, ("z", i))) for i in range(300)}
+    draws = {em.sample_index(mult, exps, nb.NoiseBits(noise, ("z", i))) for i in range(300)}
     assert draws <= {1, 3}
 
 
@@ -155,7 +156,7 @@ def assert_frequencies(counts: Counter, probs: list[float], n: int) -> None:
 def test_sample_index_has_the_target_distribution(mult: list[int], exps: list[Fraction]) -> None:
     n = 20000  # 5-10 s on one core with SeededNoise (~4 bits per choice)
     noise = SeededNoise(20240901)
-    counts = Counter(em.sample_index(mult, exps, em.NoiseBits(noise, ("s", i))) for i in range(n))
+    counts = Counter(em.sample_index(mult, exps, nb.NoiseBits(noise, ("s", i))) for i in range(n))
     assert_frequencies(counts, em.probabilities(mult, exps), n)
 
 
@@ -163,7 +164,7 @@ def test_sample_index_has_the_target_distribution(mult: list[int], exps: list[Fr
 def test_uniform_below_is_uniform() -> None:
     n, k = 20000, 11
     noise = SeededNoise(7)
-    counts = Counter(em.uniform_below(k, em.NoiseBits(noise, ("u", i))) for i in range(n))
+    counts = Counter(nb.uniform_below(k, nb.NoiseBits(noise, ("u", i))) for i in range(n))
     assert_frequencies(counts, [1 / k] * k, n)
 
 
@@ -172,10 +173,10 @@ def test_scaled_fast_path_agrees_with_fractions() -> None:
     exps = [Fraction(1, 3), Fraction(5, 6), Fraction(0), Fraction(3, 2), Fraction(7)]
     nums, den = [2, 5, 0, 9, 42], 6
     for i in range(50):
-        a = em.sample_index(mult, exps, em.NoiseBits(KeyedNoise(KEY), ("f", i)))
-        b = em.sample_index_scaled(mult, nums, den, em.NoiseBits(KeyedNoise(KEY), ("f", i)))
+        a = em.sample_index(mult, exps, nb.NoiseBits(KeyedNoise(KEY), ("f", i)))
+        b = em.sample_index_scaled(mult, nums, den, nb.NoiseBits(KeyedNoise(KEY), ("f", i)))
         assert a == b
-    bits = em.NoiseBits(SeededNoise(1), ("x",))
+    bits = nb.NoiseBits(SeededNoise(1), ("x",))
     with pytest.raises(InvalidOperatorConfig, match="numerator must be >= 0, got -1"):
         em.sample_index_scaled([1, 1], [0, -1], 2, bits)
     with pytest.raises(InvalidOperatorConfig, match="denominator must be >= 1, got 0"):

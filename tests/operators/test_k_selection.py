@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import k_selection as ks
 from dpstream.operators import state_codec
-from dpstream.operators import user_level as ul
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, chernoff_interval
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import k_selection as ks
 from tests.noise_doubles import MemoNoise
 from tests.operators.support import binomial_upper
 

@@ -15,9 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import kary_tree as kt
 from dpstream.operators import state_codec
-from dpstream.operators import tree_counter as tc
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     CachedNoise,
@@ -28,6 +26,8 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
+from dpstream.operators.trees import kary_tree as kt
+from dpstream.operators.trees import tree_counter as tc
 from tests.noise_doubles import NodeNoise
 
 KEY = b"kary-tree-test-key-0123456789abcdef"

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpstream.operators import noise
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,
@@ -27,6 +26,7 @@ from dpstream.operators.noise import (
     node_bytes,
     sample_discrete_laplace,
 )
+from dpstream.operators.noise import discrete_laplace as noise
 
 KEY = b"super-secret-key-material-0123456789"
 OTHER_KEY = b"another-secret-key-material-98765"

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from dpstream.operators import state_codec
 from dpstream.operators.baselines import round_restart as rr
 from dpstream.operators.errors import InvalidOperatorConfig
-from dpstream.operators.expiring_tree import ceil_float
 from dpstream.operators.noise import (
     KeyedNoise,
     NodeId,
@@ -25,6 +24,7 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
+from dpstream.operators.trees.expiring_tree import ceil_float
 from tests.noise_doubles import MemoNoise, shifted_noise
 from tests.operators.support import log_likelihood_ratio, run, sum_kurtosis, tail_outputs, values
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dpstream.operators.errors import InvalidOperatorConfig
-from dpstream.operators.snapping import from_units, make_grid, to_units, unit_sensitivity
+from dpstream.operators.noise import from_units, make_grid, to_units, unit_sensitivity
 
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import svt
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,
@@ -20,6 +19,7 @@ from dpstream.operators.noise import (
     ZeroNoise,
     discrete_laplace_variance,
 )
+from dpstream.operators.user_level import svt
 from tests.noise_doubles import MemoNoise, NodeNoise
 from tests.operators.support import binomial_upper
 

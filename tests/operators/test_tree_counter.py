@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import tree_counter as tc
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,
@@ -21,6 +20,7 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
+from dpstream.operators.trees import tree_counter as tc
 
 
 def run(spec: tc.BinaryTreeSpec, weights: list[int], noise) -> tuple[tc.BinaryTreeState, list]:
@@ -189,7 +189,7 @@ def test_exact_variance_and_mse():
         assert tc.mse(spec, horizon) == pytest.approx(brute, rel=1e-12)
     # The same counter seen as Andersson-Pagh-Torkamani's k = 2 tree (node for node, see
     # test_kary_tree).
-    from dpstream.operators import kary_tree as kt
+    from dpstream.operators.trees import kary_tree as kt
 
     kary2 = kt.make_kary_tree(Fraction(1, 2), 3, ("s", 0), 2, subtract=False)
     for horizon in (1, 7, 100, 10**6, 10**12):

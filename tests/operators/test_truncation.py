@@ -1,12 +1,13 @@
 """Fixed-tau admission (Dong-Luo-Yi Alg. 3) agrees with the rank bands of the user-level
-mechanisms (operators/user_level.py) at every power of two."""
+mechanisms (operators/user_level/counter.py) at every power of two."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpstream.operators import truncation, user_level
+from dpstream.operators.user_level import counter as user_level
+from dpstream.operators.user_level import truncation
 
 
 def test_partial_admission_of_a_straddling_item():

@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import state_codec, svt
-from dpstream.operators import user_level as ul
+from dpstream.operators import state_codec
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,
@@ -25,6 +24,8 @@ from dpstream.operators.noise import (
     discrete_laplace_variance,
     laplace_variance,
 )
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import svt
 from tests.noise_doubles import MemoNoise
 from tests.operators.support import binomial_upper
 

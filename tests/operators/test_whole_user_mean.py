@@ -1,4 +1,4 @@
-"""The whole-user mean (operators/whole_user_mean.py): exact with zero noise against an
+"""The whole-user mean (operators/means/whole_user_mean.py): exact with zero noise against an
 event-at-a-time definition, a worked example by hand, the delta-method std, the
 sensitivities under both relations, and (statistical) the released std against the
 empirical spread."""
@@ -15,11 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpstream.operators import state_codec, tree_counter
-from dpstream.operators import whole_user_mean as wum
+from dpstream.operators import state_codec
 from dpstream.operators.errors import InvalidOperatorConfig
-from dpstream.operators.noise import RecordingNoise, ZeroNoise, discrete_laplace_variance
-from dpstream.operators.snapping import clip_to_grid
+from dpstream.operators.means import whole_user_mean as wum
+from dpstream.operators.noise import (
+    RecordingNoise,
+    ZeroNoise,
+    clip_to_grid,
+    discrete_laplace_variance,
+)
+from dpstream.operators.trees import tree_counter
 from tests.noise_doubles import MemoNoise, NodeNoise
 from tests.operators.support import binomial_upper
 

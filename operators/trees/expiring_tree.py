@@ -32,7 +32,7 @@ g(d) = 2 * sum_{l=0}^{floor(log2(d - B))} (1 + l)^(lambda - 1) (Theorem 1.2 / Le
 that the paper's "empirical" curves plot.
 
 Example:
-    >>> from dpstream.operators import expiring_tree as et
+    >>> from dpstream.operators.trees import expiring_tree as et
     >>> from dpstream.operators.noise import ZeroNoise
     >>> spec = et.make_expiring_tree(1, 1, ("clicks", 0), lam=2, delay=0)
     >>> [(node[-2:], scale) for node, scale, _ in et.release_terms(spec, 6)]
@@ -54,9 +54,18 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .noise import NodeId, NoiseSource, discrete_laplace_variance, laplace_variance, node_bytes
-from .release import Term, TreeRelease, noise_std, noisy_release
+from .. import _validate
+from ..noise import (
+    NodeId,
+    NoiseSource,
+    Term,
+    TreeRelease,
+    discrete_laplace_variance,
+    laplace_variance,
+    node_bytes,
+    noise_std,
+    noisy_release,
+)
 
 MECHANISM = "expiring_tree"
 

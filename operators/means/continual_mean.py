@@ -104,12 +104,18 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from . import _validate
-from . import binary_mechanism as bm
-from . import private_median as pm
-from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance, node_bytes
-from .release import Term
-from .snapping import clip_to_grid
+from .. import _validate
+from ..noise import (
+    NodeId,
+    NoiseSource,
+    Term,
+    chernoff_interval,
+    clip_to_grid,
+    discrete_laplace_variance,
+    node_bytes,
+)
+from ..selection import private_median as pm
+from ..trees import binary_mechanism as bm
 
 MECHANISM = "continual_mean"
 

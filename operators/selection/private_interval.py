@@ -39,8 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .exponential_mechanism import NoiseBits, probabilities, sample_index_scaled
+from .. import _validate
+from ..noise import NoiseBits
+from .exponential_mechanism import probabilities, sample_index_scaled
 
 TAU_RESOLUTION = 1 << 16
 """tau is rounded to a multiple of 1 / TAU_RESOLUTION grid units (never to 0)."""

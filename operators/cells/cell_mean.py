@@ -84,16 +84,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from . import private_interval as pi
-from . import private_quantile as pq
+from .. import _validate
+from ..errors import DpStreamError
+from ..noise import (
+    Grid,
+    NodeId,
+    NoiseBits,
+    NoiseSource,
+    chernoff_interval,
+    discrete_laplace_variance,
+    make_grid,
+    node_bytes,
+    ratio_bounds,
+    to_units,
+)
+from ..selection import private_interval as pi
+from ..selection import private_quantile as pq
 from . import pseudo_users as pu
 from .cell_accountant import CellCharge
-from .errors import DpStreamError
-from .exponential_mechanism import NoiseBits
-from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance, node_bytes
-from .release import ratio_bounds
-from .snapping import Grid, make_grid, to_units
 
 MECHANISM = "cell_mean"
 MECHANISMS = ("baseline", "array_averaging", "levy", "quantile", "noisy_ratio")

@@ -59,8 +59,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .noise import NodeId, NoiseSource, node_bytes
+from .. import _validate
+from ..noise import NodeId, NoiseSource, node_bytes
 
 MECHANISM_SVT = "above_threshold"
 MECHANISM_TRACKER = "contribution_tracker"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _validate
+from .. import _validate
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,8 +48,9 @@ from typing import Any
 
 import orjson
 
-from . import expiring_tree, whole_user_mean
-from .errors import DpStreamError
+from ..errors import DpStreamError
+from ..means import whole_user_mean
+from ..trees import expiring_tree
 
 WHOLE_USER = "whole_user"
 ANY_SUBSET = "any_subset"

@@ -47,9 +47,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .errors import BudgetExceededError
-from .noise import NodeId, node_bytes
+from .. import _validate
+from ..errors import BudgetExceededError
+from ..noise import NodeId, node_bytes
 
 ON_CAP = ("drop_user", "skip_cell")
 

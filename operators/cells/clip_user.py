@@ -48,8 +48,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .noise import NodeId, node_bytes
+from .. import _validate
+from ..noise import NodeId, node_bytes
 
 Cell = NodeId
 CountMatrix = Mapping[Cell, Mapping[str, int]]

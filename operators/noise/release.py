@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .noise import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance
+from .discrete_laplace import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance
 
 # (node identity, discrete Laplace scale, sign +1 or -1)
 Term = tuple[NodeId, Fraction, int]

@@ -20,9 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .noise import NodeId, NoiseSource, discrete_laplace_variance, laplace_variance
-from .release import Term, TreeRelease, noise_std, noisy_release
+from .. import _validate
+from ..noise import (
+    NodeId,
+    NoiseSource,
+    Term,
+    TreeRelease,
+    discrete_laplace_variance,
+    laplace_variance,
+    noise_std,
+    noisy_release,
+)
 
 MECHANISM = "binary_tree"
 

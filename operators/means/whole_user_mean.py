@@ -76,10 +76,9 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate, tree_counter
-from .noise import NodeId, NoiseSource, chernoff_interval
-from .release import TreeRelease, ratio_bounds
-from .snapping import clip_to_grid
+from .. import _validate
+from ..noise import NodeId, NoiseSource, TreeRelease, chernoff_interval, clip_to_grid, ratio_bounds
+from ..trees import tree_counter
 
 MECHANISM = "whole_user_mean"
 

@@ -52,9 +52,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .exponential_mechanism import DegenerateNoise, NoiseBits, bernoulli_exp, uniform_below
-from .noise import NodeId, NoiseSource, node_bytes
+from .. import _validate
+from ..noise import (
+    DegenerateNoise,
+    NodeId,
+    NoiseBits,
+    NoiseSource,
+    bernoulli_exp,
+    node_bytes,
+    uniform_below,
+)
 
 MECHANISM = "private_median"
 

@@ -2,7 +2,7 @@
 
 Every item is an insertion or a deletion of a value. Split the stream into an insertion
 stream D_ins and a deletion stream D_del (in each, the events of the other kind become
-dummies), run the user-level mechanism (``user_level``, Alg. 5) on each with epsilon/2 and
+dummies), run the user-level mechanism (``counter``, Alg. 5) on each with epsilon/2 and
 beta/2, and release F~_ins - F~_del. Supported: count, sum and histogram (a deletion
 removes one unit from its bin). Distinct count is NOT supported (an open problem in the
 paper, Sec. VI): ``make_deletions`` raises for it.
@@ -12,12 +12,12 @@ c_u^ins counts their insertions, c_u^del their deletions. The error stays O~(kap
 kappa now counts all events of a user (O~(phi) for sum); it is no longer
 down-neighbourhood optimal (Thm VI.1 lower bound Omega(T^(1/3) / epsilon^(2/3))).
 
-Stage 1 -> stage 2, per tick: the ``user_level`` report TWICE, once per side:
+Stage 1 -> stage 2, per tick: the ``counter`` report TWICE, once per side:
 ``insert_bands[b][r]`` / ``insert_crossings[j]`` with ranks among the user's insertions, and
 ``delete_bands[b][r]`` / ``delete_crossings[j]`` with ranks among their deletions (for sum,
 units of the inserted / deleted values, split over bands as in ``user_level.band_units``).
 
-Noise ids: the two sides are ``user_level`` mechanisms named ``f"{name}/ins"`` and
+Noise ids: the two sides are ``counter`` mechanisms named ``f"{name}/ins"`` and
 ``f"{name}/del"``, so their noises are independent.
 
 Privacy:
@@ -38,11 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from . import user_level as ul
-from .errors import InvalidOperatorConfig
-from .noise import NoiseSource, chernoff_interval
-from .release import TreeRelease
+from .. import _validate
+from ..errors import InvalidOperatorConfig
+from ..noise import NoiseSource, TreeRelease, chernoff_interval
+from . import counter as ul
 
 MECHANISM = "deletions"
 
@@ -67,7 +66,7 @@ class DeletionsSpec:
 
 @dataclass(frozen=True, slots=True)
 class DeletionsState:
-    """Plain-data state: the two ``user_level`` states, field by field (ins_*, del_*)."""
+    """Plain-data state: the two ``counter`` states, field by field (ins_*, del_*)."""
 
     ins_t: int = 0
     ins_crossings: tuple[int, ...] = ()
@@ -187,7 +186,7 @@ def init(spec: DeletionsSpec) -> DeletionsState:
 
 
 def side_state(state: DeletionsState, side: str) -> ul.UserLevelState:
-    """The ``user_level`` state of side "ins" or "del"."""
+    """The ``counter`` state of side "ins" or "del"."""
     return ul.UserLevelState(
         t=getattr(state, f"{side}_t"),
         crossings=getattr(state, f"{side}_crossings"),
@@ -213,7 +212,7 @@ def step(
     Args:
         spec: the statistic's parameters.
         state: the state after tick t - 1.
-        insert_bands, insert_crossings: this tick's ``user_level`` report of insertions.
+        insert_bands, insert_crossings: this tick's ``counter`` report of insertions.
         delete_bands, delete_crossings: the same for deletions.
         noise: the NoiseSource (keyed in production).
 

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
+from .. import _validate
 
 
 @dataclass(frozen=True, slots=True)

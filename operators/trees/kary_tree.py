@@ -76,9 +76,16 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .noise import NodeId, NoiseSource, discrete_laplace_variance
-from .release import Term, TreeRelease, noise_std, noisy_release
+from .. import _validate
+from ..noise import (
+    NodeId,
+    NoiseSource,
+    Term,
+    TreeRelease,
+    discrete_laplace_variance,
+    noise_std,
+    noisy_release,
+)
 
 MECHANISM_ADD = "kary_tree"
 MECHANISM_SUBTRACT = "kary_tree_subtract"

@@ -28,8 +28,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validate import check_int_ge, check_positive, check_probability
-from .errors import InvalidOperatorConfig
+from .._validate import check_int_ge, check_positive, check_probability
+from ..errors import InvalidOperatorConfig
 
 NodeId = tuple[str | int, ...]
 """Public identity of a node, e.g. ("events", 0, 3, 1, 2) = (statistic, instance,

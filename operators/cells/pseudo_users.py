@@ -33,7 +33,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from . import _validate
+from .. import _validate
 
 Segment = tuple[str, int, int]
 """(user, start, stop): samples start..stop-1 of that user, in value-independent order."""

@@ -14,7 +14,7 @@ absent). When v arrives at tick t with smallest band b this tick and b < m(v):
 
 and m(v) = b. The leaf of D-bar at tick t for tau = 2^i is the sum of the signed units of
 bands 0..i at t: exactly the first-occurrence leaf of Truncate(D, 2^i). A tree that keeps
-its exact node counts per band (operators/user_level.py) therefore holds D-bar for every
+its exact node counts per band (operators/user_level/counter.py) therefore holds D-bar for every
 power of two at once, and a tau increase from 2^i to 2^i' "re-admits" by summing more
 bands: per value this is the -1 at the old tick f_i(v) and +1 at the new tick f_i'(v) of
 our streaming form of the restart, without any per-value work at restart time.
@@ -57,9 +57,9 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from . import user_level as ul
-from .noise import NoiseSource
+from .. import _validate
+from ..noise import NoiseSource
+from . import counter as ul
 
 MECHANISM = "distinct_count"
 

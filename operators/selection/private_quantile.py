@@ -38,8 +38,9 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
-from . import _validate
-from .exponential_mechanism import NoiseBits, probabilities, sample_index_scaled, uniform_below
+from .. import _validate
+from ..noise import NoiseBits, uniform_below
+from .exponential_mechanism import probabilities, sample_index_scaled
 
 FIXED_LEVELS = (Fraction(1, 10), Fraction(9, 10))
 QUANTILE_RULES = ("fixed", "optimized")

@@ -60,7 +60,7 @@ any sign, into the node that covers it) and the tracker+instance skeleton ``Boun
 ``advance_bound`` / ``release_bins``.
 
 Example (our worked example: users a,a,a,b,a,b,-,a; tau forced from 2 to 4 at t = 8):
-    >>> from dpstream.operators import user_level as ul
+    >>> from dpstream.operators.user_level import counter as ul
     >>> from dpstream.operators.noise import ZeroNoise
     >>> spec = ul.make_user_level("clicks", 2, 0.1, forced_schedule=[(8, 4)])
     >>> state, totals, out = ul.init(spec), {}, []
@@ -99,9 +99,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import _validate
-from .noise import NodeId, NoiseSource
-from .release import Term, TreeRelease, noisy_release
+from .. import _validate
+from ..noise import NodeId, NoiseSource, Term, TreeRelease, noisy_release
+from ..trees.tree_counter import period_of
 from .svt import (
     LOG,
     ContributionTrackerSpec,
@@ -114,7 +114,6 @@ from .svt import (
 from .svt import beta_spent as _beta_spent
 from .svt import guaranteed_stop_level as _guaranteed_stop_level
 from .svt import spent_epsilon as _tracker_spent
-from .tree_counter import period_of
 
 MECHANISM = "user_level"
 

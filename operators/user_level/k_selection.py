@@ -5,7 +5,7 @@ o_{t,k} = 0 when k > |D_t|. The mechanism releases an estimate o~ that is, with
 probability >= 1 - beta, never ABOVE o_{t,k} (one-way rank error, ``rank_error``).
 
 Alg. 6: pad the domain to a power of two R (our correction, docs/papers.md) and run LOG R + 1
-user-level histograms H_i (``user_level``, Alg. 5 with R / 2^(i-1) bins, each with epsilon/(LOG R +
+user-level histograms H_i (``counter``, Alg. 5 with R / 2^(i-1) bins, each with epsilon/(LOG R +
 1) and beta/(LOG R + 1), its own tracker and truncation by the user's TOTAL rank, Sec. IV-B); bin
 b of level i counts the items in [(b-1) 2^(i-1) + 1, b 2^(i-1)]. At each tick, S(r) is the
 sum of the noisy counts over the canonical dyadic decomposition of [r, R] (at most LOG R
@@ -42,7 +42,7 @@ Options (all public, fixed in the spec):
 The scan never considers r > domain (no item can lie in the padding; public), so padding
 bins only add noise to the coarse bins that cover them.
 
-Stage 1 -> stage 2, per tick: the finest-level histogram report of ``user_level``:
+Stage 1 -> stage 2, per tick: the finest-level histogram report of ``counter``:
 ``bands[b][x - 1]`` = this tick's items of value x whose rank (the user's new c_u over
 ALL values) lies in band b, and ``crossings[j]`` = users whose c_u crossed 2^j. Stage 2
 sums adjacent bins for the coarser levels; every level sees the same crossings.
@@ -70,9 +70,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import _validate
-from . import user_level as ul
-from .noise import NoiseSource
+from .. import _validate
+from ..noise import NoiseSource
+from . import counter as ul
 
 Bin = tuple[int, int]
 """(level i, bin b), both 1-based: bin b of level i is [(b - 1) 2^(i-1) + 1, b 2^(i-1)]."""
@@ -403,7 +403,7 @@ class KSelectionSpec:
 
 @dataclass(frozen=True, slots=True)
 class KSelectionState:
-    """Plain-data state (JSON round-trip through ``state_codec``): one ``user_level`` state
+    """Plain-data state (JSON round-trip through ``state_codec``): one ``counter`` state
     per level, stored field by field (index = level - 1); the cumulative crossings G are
     the same for every level and stored once."""
 
@@ -556,7 +556,7 @@ def init(spec: KSelectionSpec) -> KSelectionState:
 
 
 def level_state(state: KSelectionState, index: int) -> ul.UserLevelState:
-    """The ``user_level`` state of level ``index + 1``."""
+    """The ``counter`` state of level ``index + 1``."""
     return ul.UserLevelState(
         t=state.t,
         crossings=state.crossings,

@@ -42,9 +42,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from . import _validate
-from .noise import NodeId, NoiseSource, discrete_laplace_variance, laplace_variance, node_bytes
-from .release import Term, TreeRelease, noise_std, noisy_release
+from .. import _validate
+from ..noise import (
+    NodeId,
+    NoiseSource,
+    Term,
+    TreeRelease,
+    discrete_laplace_variance,
+    laplace_variance,
+    node_bytes,
+    noise_std,
+    noisy_release,
+)
 
 MECHANISM = "binary_mechanism"
 
