@@ -415,7 +415,7 @@ little below 2b², so at the calibrated ε the pipeline's actual MSE is below 10
   exact likelihood ratio: the coupling may shift dyadic intervals that reach past τ − B
   (outputs after τ are not part of the guarantee), so the cheapest coupling is roughly
   one interval per level. The exact-likelihood tests in
-  `tests/operators/test_expiring_tree.py` find halved noise landing exactly on g_λ (never
+  `tests/operators/trees/test_expiring_tree.py` find halved noise landing exactly on g_λ (never
   above) in every case with τ ≤ 16, which is why they need a third of the noise to show
   that the check can fail. We keep g_λ as the reported bound (it is the proven one).
 * For λ = 3 the canonical decomposition is not the cheapest partition (small scales are

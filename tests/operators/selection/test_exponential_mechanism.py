@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpstream.operators.errors import InvalidOperatorConfig
-from dpstream.operators.noise import KeyedNoise, RecordingNoise, SeededNoise, ZeroNoise
+from dpstream.operators.noise import KeyedNoise, SeededNoise, ZeroNoise
 from dpstream.operators.noise import bits as nb
 from dpstream.operators.selection import exponential_mechanism as em
 
@@ -55,29 +55,7 @@ def test_exp_neg_bounds_edges_and_messages() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Bits
-
-
-def test_bits_are_signs_of_draws_at_numbered_nodes() -> None:
-    recorder = RecordingNoise(KeyedNoise(KEY))
-    bits = nb.NoiseBits(recorder, ("speed", "cell", 3, "interval"))
-    values = [bits.bit() for _ in range(20)]
-    nodes = [node for node, _, _ in recorder.calls]
-    assert nodes == [("speed", "cell", 3, "interval", j) for j in range(len(nodes))]
-    assert all(scale == nb.BIT_SCALE for _, scale, _ in recorder.calls)
-    nonzero = [v for _, _, v in recorder.calls if v]
-    assert values == [int(v > 0) for v in nonzero]
-
-
-def test_zero_noise_is_degenerate_after_max_zero_run() -> None:
-    recorder = RecordingNoise(ZeroNoise())
-    bits = nb.NoiseBits(recorder, ("x",))
-    with pytest.raises(nb.DegenerateNoise):
-        bits.bit()
-    assert len(recorder.calls) == nb.MAX_ZERO_RUN and bits.degenerate
-    with pytest.raises(nb.DegenerateNoise):
-        bits.bit()
-    assert len(recorder.calls) == nb.MAX_ZERO_RUN  # no further draws
+# Choices from fair bits (noise.bits)
 
 
 def test_zero_noise_gives_the_mode() -> None:
