@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpstream.operators.user_level import counter as user_level
+from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import truncation
 
 
@@ -17,7 +17,7 @@ def test_partial_admission_of_a_straddling_item():
 
 @given(st.integers(0, 5000), st.integers(1, 5000), st.integers(0, 14))
 def test_bands_agree_with_admission_at_every_power_of_two(used, weight, i):
-    bands = user_level.band_units(used, weight)
+    bands = ul.band_units(used, weight)
     assert sum(units for _, units in bands) == weight
     at_tau = sum(units for band, units in bands if band <= i)
     assert at_tau == truncation.admit(truncation.make_truncation(1 << i), used, weight)
