@@ -1,6 +1,6 @@
 """Micro-benchmark of the tree counters at T = 10^6 (not a test).
 
-Ticks per second of ``step`` for the binary tree (``operators/tree_counter.py``), the
+Ticks per second of ``step`` for the binary tree (``operators/trees/tree_counter.py``), the
 k-ary tree (k = 17, Alg. 1) and the k-ary tree with subtraction (k = 19, Alg. 2), with the
 production noise source ``CachedNoise(KeyedNoise(key))`` and with ``ZeroNoise``; and the
 size of each counter's state at t = 10^6 (orjson bytes, live noise values).
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import orjson
 
-from dpstream.operators import kary_tree as kt
 from dpstream.operators import state_codec
-from dpstream.operators import tree_counter as tc
 from dpstream.operators.noise import CachedNoise, KeyedNoise, NoiseSource, RecordingNoise, ZeroNoise
+from dpstream.operators.trees import kary_tree as kt
+from dpstream.operators.trees import tree_counter as tc
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 10**6

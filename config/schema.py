@@ -22,8 +22,8 @@ from dpstream.operators.errors import DpStreamError
 
 if TYPE_CHECKING:
     from dpstream.operators.accounting import PrivacyStatement, StatisticTerms
-    from dpstream.operators.cell_accountant import CellAccountantSpec
-    from dpstream.operators.cell_mean import CellMeanSpec
+    from dpstream.operators.cells.cell_accountant import CellAccountantSpec
+    from dpstream.operators.cells.cell_mean import CellMeanSpec
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +417,7 @@ class CellConfig(_Model):
     def operator_spec(self, epsilon: float, any_subset: bool = False) -> CellMeanSpec:
         """The ``operators.cell_mean`` spec of one cell release at ``epsilon``; ``any_subset``
         is the strict mode's neighbouring relation (privacy.neighbours)."""
-        from dpstream.operators import cell_mean
+        from dpstream.operators.cells import cell_mean
 
         def exact(x: float) -> str:
             return repr(x)  # the decimal the user wrote: 0.1 is 1/10 (exact_fraction)
@@ -441,7 +441,7 @@ class CellConfig(_Model):
 
     def accountant_spec(self) -> CellAccountantSpec:
         """The ``operators.cell_accountant`` spec: B per epoch, the mode, on_cap."""
-        from dpstream.operators import cell_accountant
+        from dpstream.operators.cells import cell_accountant
 
         return cell_accountant.make_cell_accountant(
             repr(self.epoch_cap), self.counts_public, self.on_cap
@@ -748,7 +748,8 @@ class PipelineConfig(_Model):
             "interval_seconds": self.ticks.interval_seconds,
         }
         if self.whole_user_mean(stat):
-            from dpstream.operators import accounting, whole_user_mean
+            from dpstream.operators import accounting
+            from dpstream.operators.means import whole_user_mean
 
             mean = stat.mean
             assert mean is not None

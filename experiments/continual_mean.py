@@ -12,7 +12,7 @@ number and scales are public (they depend on the arrival pattern only), and the 
 part is a sum of (clipped) block sums. ``Structure`` computes the public part once per
 (order, n, m, eps) with numpy; each seed then draws the data, the medians and the node
 noise. Every parameter (K_l, Delta_l, h_l, node scales, bins) comes from the operators'
-specs (``operators/continual_mean.py``, ``naive_mean.py``, ``per_step_mean.py``), and
+specs (``operators/means/continual_mean.py``, ``naive_mean.py``, ``per_step_mean.py``), and
 section 0 of the report checks the simulator against the real operators, arrival by
 arrival, on small streams (exact equality of the releases with zero noise, equal noise
 std). The numbers are therefore the operators' numbers at sizes the pure-Python operators
@@ -39,12 +39,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dpstream.operators import binary_mechanism as bm  # noqa: E402
-from dpstream.operators import continual_mean as cm  # noqa: E402
-from dpstream.operators import private_median as pm  # noqa: E402
 from dpstream.operators.baselines import naive_mean as nm  # noqa: E402
 from dpstream.operators.baselines import per_step_mean as b0  # noqa: E402
+from dpstream.operators.means import continual_mean as cm  # noqa: E402
 from dpstream.operators.noise import ZeroNoise, discrete_laplace_variance  # noqa: E402
+from dpstream.operators.selection import private_median as pm  # noqa: E402
+from dpstream.operators.trees import binary_mechanism as bm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DELTA = 0.1

@@ -4,7 +4,7 @@ Every curve is calibrated to the same mean squared error, MSE = 1000 averaged ov
 t = 1..T with the continuous Laplace variance 2 b^2 (as the paper does), and then compared
 by its privacy loss as a function of the elapsed time d:
 
-* Algorithm 3 (``operators/expiring_tree.py``, B = 0, lambda = 1, 2, 3): the worst case
+* Algorithm 3 (``operators/trees/expiring_tree.py``, B = 0, lambda = 1, 2, 3): the worst case
   over j of the canonical-decomposition cost (the paper's "empirical" curve) and the
   Theorem 1.2 bound epsilon * g_lambda(d);
 * the round-restarted binary mechanism (``operators/baselines/round_restart.py``) with
@@ -30,8 +30,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dpstream.operators import expiring_tree as et  # noqa: E402
 from dpstream.operators.baselines import round_restart as rr  # noqa: E402
+from dpstream.operators.trees import expiring_tree as et  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "expiration.md"
@@ -341,7 +341,7 @@ def main() -> None:
 
 Reproduction of Andersson, Henzinger, Pagh, Steiner, Upadhyay, *Continual Counting with
 Gradual Privacy Expiration* (NeurIPS 2024, arXiv:2406.03802), Table 1 and Figs 1(b)/2/3,
-with the mechanisms of `operators/expiring_tree.py` (Algorithm 3, Algorithm 2 = λ=1) and
+with the mechanisms of `operators/trees/expiring_tree.py` (Algorithm 3, Algorithm 2 = λ=1) and
 `operators/baselines/round_restart.py` (the round-restarted binary mechanism baseline).
 
 Regenerate (deterministic, took {elapsed:.0f} s):
@@ -415,7 +415,7 @@ little below 2b², so at the calibrated ε the pipeline's actual MSE is below 10
   exact likelihood ratio: the coupling may shift dyadic intervals that reach past τ − B
   (outputs after τ are not part of the guarantee), so the cheapest coupling is roughly
   one interval per level. The exact-likelihood tests in
-  `tests/operators/test_expiring_tree.py` find halved noise landing exactly on g_λ (never
+  `tests/operators/trees/test_expiring_tree.py` find halved noise landing exactly on g_λ (never
   above) in every case with τ ≤ 16, which is why they need a third of the noise to show
   that the check can fail. We keep g_λ as the reported bound (it is the proven one).
 * For λ = 3 the canonical decomposition is not the cheapest partition (small scales are

@@ -4,10 +4,10 @@ Four queries (count, max-frequency, max, distinct count) on three simulated data
 (items per user Uniform, Gaussian or Zipf on [1024]), four mechanisms side by side:
 
 * ours: the user-level mechanisms in practical mode (App. C-A): count and
-  max-frequency ``operators/user_level.py`` (one bin / R bins), max
-  ``operators/k_selection.py`` (k = 1, one finest histogram of 20 bins, threshold
+  max-frequency ``operators/user_level/counter.py`` (one bin / R bins), max
+  ``operators/user_level/k_selection.py`` (k = 1, one finest histogram of 20 bins, threshold
   k + Delta with Delta the Chernoff bound of the suffix noise; the practical k + Delta/2
-  is an extra row), distinct count ``operators/distinct_count.py``;
+  is an extra row), distinct count ``operators/user_level/distinct_count.py``;
 * fixed tau = 1024 and random tau (``operators/baselines/user_level.py``, Alg. 3 with the full
   epsilon; tau uniform on {2, ..., 2^20});
 * AdvComp (``operators/baselines/user_level.py``): a static user-DP algorithm rerun at every tick
@@ -60,13 +60,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dpstream.operators import distinct_count as dc  # noqa: E402
-from dpstream.operators import k_selection as ks  # noqa: E402
-from dpstream.operators import user_level as ul  # noqa: E402
 from dpstream.operators.baselines import user_level as bl  # noqa: E402
-from dpstream.operators.noise import NodeId  # noqa: E402
-from dpstream.operators.release import noise_std  # noqa: E402
-from dpstream.operators.svt import LOG  # noqa: E402
+from dpstream.operators.noise import (
+    NodeId,  # noqa: E402
+    noise_std,  # noqa: E402
+)
+from dpstream.operators.user_level import counter as ul  # noqa: E402
+from dpstream.operators.user_level import distinct_count as dc  # noqa: E402
+from dpstream.operators.user_level import k_selection as ks  # noqa: E402
+from dpstream.operators.user_level.svt import LOG  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "user-level.md"
@@ -1050,10 +1052,11 @@ machine, {args.workers} worker processes, Python {platform.python_version()},
 
 (`--quick` runs a small version in about a minute; `--reuse` re-renders from the cached
 raw runs in `{CACHE_DIR}`.) Every mechanism is the operators' own `step`:
-`operators/user_level.py` (count, max-frequency), `operators/k_selection.py` (max),
-`operators/distinct_count.py` (F_0), and `operators/baselines/user_level.py` (AdvComp, fixed and
-random τ). Stage 1 (ranks, rank bands, crossings, the first-occurrence table) is simulated
-with numpy and `distinct_count.first_occurrence_units`. Noise: exact two-sided geometric
+`operators/user_level/counter.py` (count, max-frequency),
+`operators/user_level/k_selection.py` (max), `operators/user_level/distinct_count.py` (F_0),
+and `operators/baselines/user_level.py` (AdvComp, fixed and random τ). Stage 1 (ranks,
+rank bands, crossings, the first-occurrence table) is simulated with numpy and
+`distinct_count.first_occurrence_units`. Noise: exact two-sided geometric
 draws by numpy, memoised per (node, scale) like the keyed production source.
 
 ## 1. Setup

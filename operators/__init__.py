@@ -1,37 +1,34 @@
 """dpstream's DP mechanisms: pure Python, no Kafka or Faust.
 
 One mechanism per module, each with a frozen Spec built by ``make_<mechanism>``, a frozen
-State of plain data, and ``init(spec)`` / ``step(spec, state, x, noise)``.
+State of plain data, and ``init(spec)`` / ``step(spec, state, x, noise)``. The modules are
+grouped by family, one package each (docs/architecture.md says what each may import):
+
+* ``noise``: exact discrete Laplace noise, its sources, fair bits, releases and error
+  bars, real values on a grid;
+* ``trees``: continual counters (binary, k-ary, expiring trees);
+* ``user_level``: Dong-Luo-Yi's user-level mechanisms (tracker, truncation, count, sum,
+  histogram, k-selection, distinct count, deletions);
+* ``selection``: the exponential mechanism and the private median, interval and quantile;
+* ``means``: continual and whole-user running means;
+* ``cells``: per-cell means, pseudo-users, Clip-User and the per-user cell ledger;
+* ``accounting``: the pipeline's privacy statement.
+
+``errors``, ``state_codec`` and ``_validate`` are shared by all of them. ``baselines`` (the
+papers' comparison points, for experiments and tests) is not loaded here.
 """
 
-from . import (
-    accounting,
-    binary_mechanism,
-    cell_accountant,
-    cell_mean,
-    clip_user,
-    continual_mean,
-    deletions,
-    distinct_count,
-    expiring_tree,
-    exponential_mechanism,
-    k_selection,
-    kary_tree,
-    private_interval,
-    private_median,
-    private_quantile,
-    pseudo_users,
-    snapping,
-    state_codec,
-    svt,
-    tree_counter,
-    truncation,
-    user_level,
-    whole_user_mean,
-)
+from . import accounting, cells, means, noise, selection, state_codec, trees, user_level
 from .errors import BudgetExceededError, DpStreamError, InvalidOperatorConfig, StateSchemaError
-from .noise import CachedNoise, KeyedNoise, NoiseSource, RecordingNoise, SeededNoise, ZeroNoise
-from .release import TreeRelease
+from .noise import (
+    CachedNoise,
+    KeyedNoise,
+    NoiseSource,
+    RecordingNoise,
+    SeededNoise,
+    TreeRelease,
+    ZeroNoise,
+)
 
 __all__ = [
     "BudgetExceededError",
@@ -46,26 +43,11 @@ __all__ = [
     "TreeRelease",
     "ZeroNoise",
     "accounting",
-    "binary_mechanism",
-    "cell_accountant",
-    "cell_mean",
-    "clip_user",
-    "continual_mean",
-    "deletions",
-    "distinct_count",
-    "expiring_tree",
-    "exponential_mechanism",
-    "k_selection",
-    "kary_tree",
-    "private_interval",
-    "private_median",
-    "private_quantile",
-    "pseudo_users",
-    "snapping",
+    "cells",
+    "means",
+    "noise",
+    "selection",
     "state_codec",
-    "svt",
-    "tree_counter",
-    "truncation",
+    "trees",
     "user_level",
-    "whole_user_mean",
 ]

@@ -41,11 +41,10 @@ from fractions import Fraction
 from typing import Any
 
 from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import cell_accountant as acct
-from dpstream.operators import cell_mean as cm
-from dpstream.operators import clip_user
-from dpstream.operators.noise import NoiseSource
-from dpstream.operators.release import interval
+from dpstream.operators.cells import cell_accountant as acct
+from dpstream.operators.cells import cell_mean as cm
+from dpstream.operators.cells import clip_user
+from dpstream.operators.noise import NoiseSource, interval
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event

@@ -16,20 +16,16 @@ from types import ModuleType
 from typing import Any
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
-from dpstream.operators import (
-    accounting,
+from dpstream.operators import accounting, state_codec
+from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.trees import expiring_tree, kary_tree, tree_counter
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import (
     deletions,
     distinct_count,
-    expiring_tree,
     k_selection,
-    kary_tree,
-    state_codec,
-    tree_counter,
     truncation,
-    user_level,
 )
-from dpstream.operators.noise import NoiseSource
-from dpstream.operators.release import interval
 
 from .counting import UnitCounting
 from .statistic import Statistic, Step, WeightsStage2
@@ -325,10 +321,10 @@ class UserLevelCounter(WeightsStage2):
         else:
             parts = [(self.spec, op_state)]
         tracker = sum(
-            (user_level.tracker_spent_epsilon(sp, st.svt_index) for sp, st in parts), Fraction(0)
+            (ul.tracker_spent_epsilon(sp, st.svt_index) for sp, st in parts), Fraction(0)
         )
         instances = sum(
-            (user_level.instance_spent_epsilon(sp, st.instance) for sp, st in parts), Fraction(0)
+            (ul.instance_spent_epsilon(sp, st.instance) for sp, st in parts), Fraction(0)
         )
         return tracker, instances
 
@@ -346,7 +342,7 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
             stat.name, eps, beta, theta, any_subset=any_subset, **options
         )
         return UserLevelCounter(
-            stat, distinct_count, spec, user_level.UserLevelState, distinct_count.MECHANISM
+            stat, distinct_count, spec, ul.UserLevelState, distinct_count.MECHANISM
         )
     if kind == "kselect":
         rank = {"max": {"k": 1}, "median": {"quantile": Fraction(1, 2)}}.get(
@@ -375,7 +371,7 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
         return UserLevelCounter(
             stat, deletions, spec, deletions.DeletionsState, deletions.MECHANISM
         )
-    spec = user_level.make_user_level(
+    spec = ul.make_user_level(
         stat.name, eps, beta, theta, bins=bins, multiplier=2 if any_subset else 1, **options
     )
-    return UserLevelCounter(stat, user_level, spec, user_level.UserLevelState, user_level.MECHANISM)
+    return UserLevelCounter(stat, ul, spec, ul.UserLevelState, ul.MECHANISM)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpstream.operators import truncation, user_level
-from dpstream.operators import whole_user_mean as wum
+from dpstream.operators.means import whole_user_mean as wum
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import truncation
 
 from .records import Batch, Event
 
@@ -99,12 +100,12 @@ class UnitCounting:
         if self.fixed is not None:
             kept = truncation.admit(self.fixed, used, units)
             return units, ({"w": kept} if kept else {})
-        out = {f"{stream}x{j}": 1 for j in user_level.crossed_powers(used, used + units)}
+        out = {f"{stream}x{j}": 1 for j in ul.crossed_powers(used, used + units)}
         if self.kind == "distinct":
-            out[f"b{user_level.rank_band(used + 1)}/{event.value!r}"] = 1
+            out[f"b{ul.rank_band(used + 1)}/{event.value!r}"] = 1
             return units, out
         column = int(event.value) - 1 if self.kind in ("histogram", "kselect") else 0  # type: ignore[arg-type]
-        for band, n in user_level.band_units(used, units):
+        for band, n in ul.band_units(used, units):
             out[f"{stream}b{band}/{column}"] = out.get(f"{stream}b{band}/{column}", 0) + n
         return units, out
 
@@ -118,11 +119,11 @@ def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple
         return []
     before, units = before[rows], units[rows]
     out = []
-    crossed = user_level.crossed_powers_many(before, before + units)
+    crossed = ul.crossed_powers_many(before, before + units)
     for j in np.flatnonzero(crossed.any(axis=0)).tolist():
         column = crossed[:, j]
         out.append((f"{stream}x{j}", int(column.sum()), int(rows[column.argmax()])))
-    bands = user_level.band_units_many(before, units)
+    bands = ul.band_units_many(before, units)
     for band in np.flatnonzero(bands.any(axis=0)).tolist():
         column = bands[:, band]
         out.append((f"{stream}b{band}/0", int(column.sum()), int(rows[(column > 0).argmax()])))

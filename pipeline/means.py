@@ -21,10 +21,9 @@ from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
-from dpstream.operators import continual_mean as cm
-from dpstream.operators import whole_user_mean as wum
-from dpstream.operators.noise import NoiseSource
-from dpstream.operators.release import interval
+from dpstream.operators.means import continual_mean as cm
+from dpstream.operators.means import whole_user_mean as wum
+from dpstream.operators.noise import NoiseSource, interval
 from dpstream.operators.state_codec import from_json, to_json
 
 from .counting import SAMPLES, UNITS, UnitCounting

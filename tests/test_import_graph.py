@@ -100,10 +100,60 @@ def test_the_cycle_finder_finds_one():
     assert cycles(edges) == [["a", "b", "c"]]
 
 
+# What each family package of operators/ may import besides its own modules and the shared
+# top-level ones (docs/architecture.md): the families form a DAG with noise at the bottom.
+OPERATOR_FAMILIES = {
+    "noise": set(),
+    "trees": {"noise"},
+    "selection": {"noise"},
+    "user_level": {"noise", "trees"},
+    "means": {"noise", "trees", "selection"},
+    "cells": {"noise", "selection"},
+    "accounting": {"trees", "means"},
+    "baselines": {"noise", "trees", "user_level", "means"},
+}
+SHARED_OPERATOR_MODULES = {"errors", "_validate", "state_codec"}
+
+
+def operator_part(name: str) -> str:
+    """The family (or shared module) an operators module belongs to; "" for the package."""
+    return name.removeprefix("dpstream.operators").removeprefix(".").partition(".")[0]
+
+
+def declared_all(init: Path) -> list[str]:
+    """The names an ``__init__.py`` lists in ``__all__`` (empty if it has none)."""
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def test_operators_is_the_listed_families_each_exporting_its_modules():
+    folder = ROOT / "operators"
+    assert {p.parent.name for p in folder.glob("*/__init__.py")} == set(OPERATOR_FAMILIES)
+    assert {p.stem for p in folder.glob("*.py")} - {"__init__"} == SHARED_OPERATOR_MODULES
+    for family in OPERATOR_FAMILIES:
+        exported = declared_all(folder / family / "__init__.py")
+        public = {p.stem for p in (folder / family).glob("*.py") if not p.stem.startswith("_")}
+        assert public <= set(exported), family
+        assert len(exported) == len(set(exported)), family
+
+
 def test_imports_go_one_way():
     for name, targets in graph().items():
         if name.startswith("dpstream.operators"):
             assert all(t.startswith("dpstream.operators") for t in targets), (name, targets)
+            part = operator_part(name)
+            if part in OPERATOR_FAMILIES:
+                allowed = {part} | OPERATOR_FAMILIES[part] | SHARED_OPERATOR_MODULES
+            elif part in SHARED_OPERATOR_MODULES:
+                allowed = SHARED_OPERATOR_MODULES
+            else:  # the package itself: it loads the production families
+                allowed = set(OPERATOR_FAMILIES) - {"baselines"} | SHARED_OPERATOR_MODULES
+            # "" is the package dpstream.operators, which loads every family: never from within.
+            assert {operator_part(t) for t in targets} <= allowed, (name, targets)
         if name.startswith(("dpstream.config", "dpstream.deploy")):
             assert not any(t.startswith("dpstream.pipeline") for t in targets), (name, targets)
         if not name.startswith("dpstream.testing"):  # the pytest plugin: for users' tests

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .. import _validate
-from ..expiring_tree import ceil_float
-from ..noise import NodeId, NoiseSource, node_bytes
-from ..release import Term, TreeRelease, noise_std, noisy_release
+from ..noise import NodeId, NoiseSource, Term, TreeRelease, node_bytes, noise_std, noisy_release
+from ..trees.expiring_tree import ceil_float
 
 MECHANISM = "expiring_simple"
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .. import _validate
-from .. import binary_mechanism as bm
-from ..continual_mean import DEFAULT_RESOLUTION, MeanRelease
+from ..means.continual_mean import DEFAULT_RESOLUTION, MeanRelease
 from ..noise import NodeId, NoiseSource, chernoff_interval, node_bytes
+from ..trees import binary_mechanism as bm
 
 MECHANISM = "naive_mean"
 

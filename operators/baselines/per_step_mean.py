@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .. import _validate
-from ..continual_mean import DEFAULT_RESOLUTION, MeanRelease
 from ..errors import BudgetExceededError
-from ..noise import NodeId, NoiseSource, chernoff_interval, node_bytes
-from ..release import noisy_release
+from ..means.continual_mean import DEFAULT_RESOLUTION, MeanRelease
+from ..noise import NodeId, NoiseSource, chernoff_interval, node_bytes, noisy_release
 
 MECHANISM = "per_step_mean"
 

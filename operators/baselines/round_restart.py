@@ -31,10 +31,19 @@ from fractions import Fraction
 import numpy as np
 
 from .. import _validate
-from ..expiring_tree import ceil_float
-from ..noise import NodeId, NoiseSource, discrete_laplace_variance, laplace_variance, node_bytes
-from ..release import Term, TreeRelease, noise_std, noisy_release
-from ..tree_counter import popcount_sum
+from ..noise import (
+    NodeId,
+    NoiseSource,
+    Term,
+    TreeRelease,
+    discrete_laplace_variance,
+    laplace_variance,
+    node_bytes,
+    noise_std,
+    noisy_release,
+)
+from ..trees.expiring_tree import ceil_float
+from ..trees.tree_counter import popcount_sum
 
 MECHANISM = "round_restart"
 

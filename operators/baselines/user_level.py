@@ -35,11 +35,11 @@ tree of Alg. 2 over Truncate(D, tau) with node scale (l+1) m tau / epsilon (m = 
 for F_0; doubled with "any subset"), for count, sum, histogram and distinct count, and
 the k-selection variant (``make_fixed_tau_k_selection``: LOG R + 1 fixed-tau histograms
 with epsilon/(LOG R + 1) each, or one finest histogram). tau must be a power of two so
-that the rank-band report of ``user_level`` serves it (bands 0..log2 tau are kept).
+that the rank-band report of ``user_level.counter`` serves it (bands 0..log2 tau are kept).
 "Random tau" (``random_tau``): tau drawn uniformly from {2, 4, ..., 2^20} by a public,
 data-independent generator (no privacy cost); the paper averages 20 x 30 runs.
 
-Stage 1 -> stage 2, per tick: the same reports as our mechanisms (``user_level`` bands
+Stage 1 -> stage 2, per tick: the same reports as our mechanisms (``user_level.counter`` bands
 and crossings; ``distinct_count.first_occurrence_units`` for F_0), plus for the static max
 ``reached[r - 1]`` = users whose running max went from < r to >= r this tick.
 
@@ -64,13 +64,12 @@ from fractions import Fraction
 import numpy as np
 
 from .. import _validate
-from .. import k_selection as ks
-from .. import user_level as ul
 from ..errors import BudgetExceededError
-from ..noise import NodeId, NoiseSource
-from ..release import TreeRelease, noisy_release
-from ..svt import LOG, above_threshold_step, make_above_threshold
-from ..svt import AboveThresholdState as _SvtState
+from ..noise import NodeId, NoiseSource, TreeRelease, noisy_release
+from ..user_level import counter as ul
+from ..user_level import k_selection as ks
+from ..user_level.svt import LOG, above_threshold_step, make_above_threshold
+from ..user_level.svt import AboveThresholdState as _SvtState
 
 # ---------------------------------------------------------------------------------------
 # Advanced composition (Dong-Luo-Yi Sec. III-A and VII)
@@ -353,7 +352,7 @@ def advcomp_step(
     Args:
         spec: the baseline's parameters.
         state: the state after tick t - 1.
-        bands: this tick's ``bands[b][r]`` (``user_level`` report; for distinct count the
+        bands: this tick's ``bands[b][r]`` (``user_level.counter`` report; for distinct count the
             signed units of ``distinct_count.first_occurrence_units`` as ``[[u] for u in
             units]``).
         crossings: this tick's crossings.

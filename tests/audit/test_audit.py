@@ -50,12 +50,12 @@ from fractions import Fraction
 
 import pytest
 
-from dpstream.operators import expiring_tree as et
-from dpstream.operators import kary_tree as kt
-from dpstream.operators import svt, truncation
-from dpstream.operators import tree_counter as tc
-from dpstream.operators import user_level as ul
 from dpstream.operators.noise import NoiseSource
+from dpstream.operators.trees import expiring_tree as et
+from dpstream.operators.trees import kary_tree as kt
+from dpstream.operators.trees import tree_counter as tc
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import svt, truncation
 
 from .harness import (
     Stream,

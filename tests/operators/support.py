@@ -11,8 +11,7 @@ from types import ModuleType
 
 import numpy as np
 
-from dpstream.operators.noise import NodeId, ZeroNoise
-from dpstream.operators.release import Term
+from dpstream.operators.noise import NodeId, Term, ZeroNoise
 
 
 def binomial_upper(n: int, p: float, alpha: float = 1e-6) -> int:

@@ -1,7 +1,7 @@
 """kind cell_mean (Rameshwar et al.) through stage 1, stage 2 and replay, with exact values.
 
 Zero noise (``insecure_zero``) releases the mechanism's statistic rounded to its release
-lattice Delta / 1024 (operators/cell_mean.py), which ``lattice`` recomputes exactly.
+lattice Delta / 1024 (operators/cells/cell_mean.py), which ``lattice`` recomputes exactly.
 """
 
 from __future__ import annotations

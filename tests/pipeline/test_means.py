@@ -12,7 +12,7 @@ import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators import accounting
-from dpstream.operators import continual_mean as cm
+from dpstream.operators.means import continual_mean as cm
 from dpstream.operators.noise import KeyedNoise, ScopedNoise, ZeroNoise
 from dpstream.pipeline.records import Event, partition_for
 from dpstream.pipeline.replay import replay

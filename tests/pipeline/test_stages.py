@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from dpstream.config.schema import parse_config
-from dpstream.operators import truncation
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
+from dpstream.operators.user_level import truncation
 from dpstream.pipeline.changelog import RECORD_OVERHEAD, WINDOW_BYTES, ChangelogWindow
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay

@@ -13,8 +13,7 @@ import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators import accounting
-from dpstream.operators.noise import KeyedNoise, ZeroNoise
-from dpstream.operators.snapping import clip_to_grid
+from dpstream.operators.noise import KeyedNoise, ZeroNoise, clip_to_grid
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import SCHEMA_VERSION, Stage1, Stage2

@@ -1,0 +1,41 @@
+"""The pipeline's privacy statement: the one accountant (``accountant``) and its API.
+
+What one user can lose across the statistics of a pipeline, under which neighbouring
+relation, the sensitivity multipliers and the statistics' fingerprints. Config validation,
+``dpstream check-config``, the worker's ledger and stage 2 all ask this package.
+
+*May import:* ``trees`` and ``means`` (the expiration curve, the whole-user mean's terms)
+and the top-level ``errors``. Only config and the pipeline import it.
+"""
+
+from . import accountant
+from .accountant import (
+    ANY_SUBSET,
+    PUBLIC_COUNTS,
+    WHOLE_USER,
+    Charge,
+    PrivacyStatement,
+    StatementError,
+    StatisticTerms,
+    changed_fields,
+    charge_of,
+    fingerprint,
+    sensitivity_multiplier,
+    statement,
+)
+
+__all__ = [
+    "ANY_SUBSET",
+    "PUBLIC_COUNTS",
+    "WHOLE_USER",
+    "Charge",
+    "PrivacyStatement",
+    "StatementError",
+    "StatisticTerms",
+    "accountant",
+    "changed_fields",
+    "charge_of",
+    "fingerprint",
+    "sensitivity_multiplier",
+    "statement",
+]

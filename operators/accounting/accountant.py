@@ -1,0 +1,351 @@
+"""The pipeline's privacy statement: one accountant for every statistic of a pipeline.
+
+What one user can lose, and under which neighbouring relation, is decided here and only
+here: the config validation, ``dpstream check-config``, the worker's ledger and stage 2's
+tree counters all ask this module.
+
+**Relations.** A statistic's guarantee holds for a neighbouring relation:
+
+* ``whole_user``: neighbouring streams differ by all events of one user (added or
+  removed). Tree counters, the user-level mechanisms and strict per-cell means
+  (``add_remove_user``, the same relation in the cells paper's words).
+* ``any_subset``: neighbours may drop ANY subset of one user's events. Truncation then
+  moves up to 2 tau leaf units (Dong, Luo, Yi, "Continual Observation under User-level
+  Differential Privacy", IEEE S&P 2023, the remark on neighbouring definitions), so every
+  sensitivity doubles (:func:`sensitivity_multiplier`).
+* ``public_counts``: who sent how many events when is public; only values are protected.
+  The continual mean of George, Ramesh, Singh, Tyagi ("Continual Mean Estimation Under
+  User-Level Privacy", arXiv:2212.09980: Algs. 4-6 use un-noised arrival counts) and the
+  per-cell mean mechanisms of Rameshwar et al. (arXiv:2405.06261, Sec. II-D: a public count
+  matrix) are private under this relation only, and their releases carry exact counts.
+  ``kind: mean`` runs George et al.'s algorithm only in a public-counts pipeline; by
+  default it is the whole-user mean (``whole_user_mean``: a noisy sum over a noisy count,
+  both tree counters, epsilon / 2 each), which releases no exact count.
+
+A whole-user statistic protects exactly what a public-counts statistic publishes, so the
+two never share one ``total_epsilon``: a pipeline declares ``privacy.public_counts`` and
+then holds statistics of that relation only (:func:`statement` refuses a mix).
+
+**Composition.** Basic composition (epsilons add up, adaptively too) over the pipeline's
+statistics. A tree counter's epsilon covers its whole infinite stream. An expiring counter
+(Andersson, Henzinger, Pagh, Steiner, Upadhyay, arXiv:2406.03802, Theorem 1.2) protects an
+item of age d with epsilon g(d), charged at the declared horizon. A per-cell mean is
+charged its epoch cap B: disjoint cells compose in parallel within an accounting epoch
+(arXiv:2401.15906, Thm II.3), so with a per-cell mean the pipeline's total is per epoch.
+
+**Identity.** A statistic's noise is bound to :func:`fingerprint` of every parameter that
+shapes its noise or sensitivity; a statistic whose fingerprint changed is a new statistic,
+and what the old one spent stays spent (``retired`` charges).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import orjson
+
+from ..errors import DpStreamError
+from ..means import whole_user_mean
+from ..trees import expiring_tree
+
+WHOLE_USER = "whole_user"
+ANY_SUBSET = "any_subset"
+PUBLIC_COUNTS = "public_counts"
+
+
+class StatementError(DpStreamError, ValueError):
+    """The statistics cannot be run under the declared statement; ``field`` names why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class StatisticTerms:
+    """What the accountant needs of one statistic (``config/schema.py`` builds it).
+
+    Attributes:
+        name: the statistic's name.
+        kind: count, sum, histogram, kselect, distinct, mean or cell_mean.
+        epsilon: its epsilon (one cell release's for cell_mean), exact.
+        mechanism: the tree (binary, kary, kary_subtract, expiring, auto).
+        lam, delay, horizon_ticks: the expiring tree's lambda, delay and charged age.
+        epoch_cap: cell_mean's B per accounting epoch.
+        counts_public: cell_mean's public-counts model; for a mean, George et al.'s
+            algorithm (the pipeline's ``privacy.public_counts``) instead of the
+            whole-user mean.
+        max_samples, resolution: the whole-user mean's m and R (its sensitivities).
+    """
+
+    name: str
+    kind: str
+    epsilon: Fraction
+    mechanism: str = "binary"
+    lam: Fraction | None = None
+    delay: int = 0
+    horizon_ticks: int | None = None
+    epoch_cap: Fraction | None = None
+    counts_public: bool = False
+    max_samples: int | None = None
+    resolution: int | None = None
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one user can lose through one statistic.
+
+    Attributes:
+        statistic: its name.
+        relation: the neighbouring relation its guarantee is stated for.
+        epsilon: the most one user loses through it (over the whole stream, or per
+            accounting epoch when ``per_epoch``).
+        per_epoch: a per-cell mean: ``epsilon`` is per accounting epoch.
+        exact_counts: its releases carry exact data-dependent counts (public counts).
+        basis: how the charge comes about, in words.
+    """
+
+    statistic: str
+    relation: str
+    epsilon: Fraction
+    per_epoch: bool
+    exact_counts: bool
+    basis: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "statistic": self.statistic,
+            "relation": self.relation,
+            "epsilon": float(self.epsilon),
+            "per_epoch": self.per_epoch,
+            "exact_counts": self.exact_counts,
+            "basis": self.basis,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Charge:
+        """The charge a ledger statement recorded (``to_json``); epsilon as the decimal written."""
+        return cls(
+            statistic=obj["statistic"],
+            relation=obj["relation"],
+            epsilon=Fraction(repr(obj["epsilon"])),
+            per_epoch=obj["per_epoch"],
+            exact_counts=obj["exact_counts"],
+            basis=obj["basis"],
+        )
+
+
+@dataclass(frozen=True)
+class PrivacyStatement:
+    """A pipeline's privacy statement: its relation, its charges, their composition.
+
+    Attributes:
+        app_id: the pipeline.
+        relation: whole_user, any_subset or public_counts.
+        total_epsilon: the declared bound on what one user may lose.
+        charges: one per configured statistic, in config order.
+        retired: statistics that ran under this app id before and are no longer
+            configured (or changed, so are new statistics now): what they spent stays spent.
+    """
+
+    app_id: str
+    relation: str
+    total_epsilon: Fraction
+    charges: tuple[Charge, ...]
+    retired: tuple[Charge, ...] = field(default=())
+
+    @property
+    def per_epoch(self) -> bool:
+        """The total bounds the loss within one accounting epoch (a per-cell mean)."""
+        return any(c.per_epoch for c in (*self.charges, *self.retired))
+
+    @property
+    def per_user_total(self) -> Fraction:
+        """Basic composition over every statistic, retired ones included."""
+        return sum((c.epsilon for c in (*self.charges, *self.retired)), Fraction(0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "app_id": self.app_id,
+            "relation": self.relation,
+            "public_counts": self.relation == PUBLIC_COUNTS,
+            "composition": "basic" + (" (cells: disjoint, per epoch)" if self.per_epoch else ""),
+            "per_user_total": float(self.per_user_total),
+            "per_epoch": self.per_epoch,
+            "total_epsilon": float(self.total_epsilon),
+            "statistics": [c.to_json() for c in self.charges],
+            "retired": [c.to_json() for c in self.retired],
+        }
+
+    def describe(self) -> list[str]:
+        """The statement in words, one line each (check-config prints them)."""
+        lines = [f"privacy statement ({self.relation} neighbours):"]
+        if self.relation == PUBLIC_COUNTS:
+            lines.append(
+                "  PUBLIC COUNTS: who sent how many events when is NOT protected; only "
+                "values are. Releases carry exact counts."
+            )
+        for c in self.charges:
+            unit = " per epoch" if c.per_epoch else ""
+            lines.append(f"  {c.statistic}: {float(c.epsilon):g}{unit} ({c.relation}; {c.basis})")
+        for c in self.retired:
+            lines.append(f"  {c.statistic} (retired, spent): {float(c.epsilon):g}")
+        unit = " per accounting epoch" if self.per_epoch else " over the whole stream"
+        lines.append(
+            f"  one user can lose at most {float(self.per_user_total):g}{unit} "
+            f"(basic composition) of total_epsilon={float(self.total_epsilon):g}"
+        )
+        return lines
+
+
+def sensitivity_multiplier(relation: str) -> int:
+    """How much more than under whole-user neighbours one user can move a truncated sum:
+    2 under any_subset (dropping a user's early events promotes later ones), else 1."""
+    return 2 if relation == ANY_SUBSET else 1
+
+
+def charge_of(terms: StatisticTerms, relation: str) -> Charge:
+    """What one user can lose through the statistic ``terms`` under ``relation``."""
+    if terms.kind == "mean" and terms.counts_public:
+        return Charge(
+            terms.name,
+            PUBLIC_COUNTS,
+            terms.epsilon,
+            False,
+            True,
+            "continual mean: medians and binary mechanisms by basic composition",
+        )
+    if terms.kind == "mean":
+        assert terms.max_samples is not None and terms.resolution is not None
+        count, units = whole_user_mean.sensitivities(
+            terms.max_samples, terms.resolution, sensitivity_multiplier(relation)
+        )
+        half = float(terms.epsilon / 2)
+        basis = (
+            f"whole-user mean: kept-samples counter at {half:g} (sensitivity {count}) + "
+            f"grid-units counter at {half:g} (sensitivity {units}), tree counters over the "
+            "whole infinite stream"
+        )
+        return Charge(terms.name, relation, terms.epsilon, False, False, basis)
+    if terms.kind == "cell_mean":
+        assert terms.epoch_cap is not None
+        return Charge(
+            terms.name,
+            PUBLIC_COUNTS if terms.counts_public else relation,
+            terms.epoch_cap,
+            True,
+            terms.counts_public,
+            f"epoch cap B over disjoint cells of epsilon {float(terms.epsilon):g} each",
+        )
+    if terms.mechanism == "expiring":
+        assert terms.lam is not None and terms.horizon_ticks is not None
+        spec = expiring_tree.make_expiring_tree(
+            terms.epsilon, 1, (terms.name, 0), terms.lam, terms.delay
+        )
+        loss = Fraction(expiring_tree.privacy_loss(spec, terms.horizon_ticks))
+        basis = f"expiring: epsilon g(d) at the horizon d = {terms.horizon_ticks} ticks"
+        return Charge(terms.name, relation, loss, False, False, basis)
+    return Charge(
+        terms.name, relation, terms.epsilon, False, False, "tree counter, whole infinite stream"
+    )
+
+
+def statement(
+    app_id: str,
+    statistics: Sequence[StatisticTerms],
+    relation: str,
+    public_counts: bool,
+    total_epsilon: Fraction,
+    retired: Sequence[Charge] = (),
+) -> PrivacyStatement:
+    """The pipeline's privacy statement, or a StatementError naming the field at fault.
+
+    Args:
+        app_id: the pipeline.
+        statistics: its statistics, in config order.
+        relation: ``privacy.neighbours``: whole_user or any_subset.
+        public_counts: ``privacy.public_counts``: the pipeline holds public-counts
+            statistics only, and every release says so.
+        total_epsilon: ``privacy.total_epsilon``.
+        retired: charges of statistics this app id ran before and no longer runs.
+
+    Raises:
+        StatementError: a public-counts statistic without ``public_counts``, a whole-user
+            one with it, any_subset with it, or a total above ``total_epsilon``.
+    """
+    if public_counts and relation != WHOLE_USER:
+        raise StatementError(
+            "privacy.neighbours",
+            f"{relation} does not apply with public_counts: true (counts are public; only "
+            "values are protected)",
+        )
+    charges = tuple(charge_of(t, relation) for t in statistics)
+    for i, (terms, charge) in enumerate(zip(statistics, charges, strict=True)):
+        if charge.exact_counts and not public_counts:
+            where = "kind" if terms.kind == "mean" else "cells.counts_public"
+            raise StatementError(
+                f"statistics[{i}].{where}",
+                f"{terms.name!r} is private only with its counts public (who sent how many "
+                "events when) and releases them exactly; declare privacy.public_counts: true, "
+                "in a pipeline of its own (whole-user statistics protect what it publishes)",
+            )
+        if public_counts and not charge.exact_counts:
+            raise StatementError(
+                f"statistics[{i}]",
+                f"{terms.name!r} ({terms.kind}) protects whole users, but privacy.public_counts "
+                "is true: public-counts statistics publish what it protects, so they cannot "
+                "share one total_epsilon; run it in a pipeline with public_counts: false",
+            )
+    out = PrivacyStatement(
+        app_id,
+        PUBLIC_COUNTS if public_counts else relation,
+        total_epsilon,
+        charges,
+        tuple(retired),
+    )
+    if out.per_user_total > total_epsilon:
+        spent = ", ".join(f"{c.statistic} {float(c.epsilon):g}" for c in (*charges, *retired))
+        raise StatementError(
+            "privacy.total_epsilon",
+            f"statistics spend {float(out.per_user_total):g} in total ({spent}), more than "
+            f"total_epsilon={float(total_epsilon):g}",
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Identity
+
+
+def fingerprint(parameters: Mapping[str, Any]) -> str:
+    """A statistic's identity: SHA-256 of its parameters as canonical JSON (hex, 32 chars).
+
+    ``parameters`` holds everything that shapes the statistic's noise or sensitivity, so
+    two statistics share a fingerprint only if they would draw the same noise for the same
+    data; noise derived from it is never shared by different parameter sets. It is stable:
+    the ledger stores it, so the same parameters must give the same value in every release.
+
+    Example:
+        >>> fingerprint({"tau": 4, "epsilon": "1/2"}) == fingerprint({"epsilon": "1/2", "tau": 4})
+        True
+        >>> fingerprint({"epsilon": "1/2", "tau": 4})
+        '56cf3790cab0239e53ca7d2138b2980f'
+    """
+    canonical = orjson.dumps(dict(parameters), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(b"dpstream/statistic/v1\0" + canonical).hexdigest()[:32]
+
+
+def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted names of the parameters that differ between ``old`` and ``new``."""
+    out: list[str] = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(changed_fields(a, b, f"{prefix}{name}."))
+        elif a != b:
+            out.append(f"{prefix}{name}")
+    return out

@@ -1,0 +1,73 @@
+"""Noise primitives every family draws on: exact discrete Laplace noise and its sources,
+fair bits, the noisy release with its error bar, and real values on a public grid.
+
+* ``discrete_laplace``: node identities, the exact sampler, the keyed, scoped, seeded,
+  zero, recording and caching sources, the variances and the Chernoff error bar.
+* ``bits``: exactly fair bits from the signs of keyed draws (the exponential mechanism's
+  and the private median's randomness).
+* ``release``: a release ``exact + sum of keyed node noises`` with its std and interval.
+* ``snapping``: real values as integer units of a public grid (no floating-point noise).
+
+*May import:* the top-level ``errors`` and ``_validate`` only: every other family builds
+on this one.
+"""
+
+from . import bits, discrete_laplace, release, snapping
+from .bits import BIT_SCALE, MAX_ZERO_RUN, DegenerateNoise, NoiseBits, bernoulli_exp, uniform_below
+from .discrete_laplace import (
+    CachedNoise,
+    KeyedNoise,
+    NodeId,
+    NoiseSource,
+    RandBelow,
+    RecordingNoise,
+    ScopedNoise,
+    SeededNoise,
+    ZeroNoise,
+    chernoff_interval,
+    discrete_laplace_variance,
+    laplace_variance,
+    node_bytes,
+    sample_discrete_laplace,
+)
+from .release import Term, TreeRelease, interval, noise_std, noisy_release, ratio_bounds
+from .snapping import Grid, clip_to_grid, from_units, make_grid, to_units, unit_sensitivity
+
+__all__ = [
+    "BIT_SCALE",
+    "MAX_ZERO_RUN",
+    "CachedNoise",
+    "DegenerateNoise",
+    "Grid",
+    "KeyedNoise",
+    "NodeId",
+    "NoiseBits",
+    "NoiseSource",
+    "RandBelow",
+    "RecordingNoise",
+    "ScopedNoise",
+    "SeededNoise",
+    "Term",
+    "TreeRelease",
+    "ZeroNoise",
+    "bernoulli_exp",
+    "bits",
+    "chernoff_interval",
+    "clip_to_grid",
+    "discrete_laplace",
+    "discrete_laplace_variance",
+    "from_units",
+    "interval",
+    "laplace_variance",
+    "make_grid",
+    "node_bytes",
+    "noise_std",
+    "noisy_release",
+    "ratio_bounds",
+    "release",
+    "sample_discrete_laplace",
+    "snapping",
+    "to_units",
+    "uniform_below",
+    "unit_sensitivity",
+]
