@@ -104,9 +104,16 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
+# Right after a topic is created its leader may not serve it yet, though the metadata
+# already names it; librdkafka does not mark these retriable for get_watermark_offsets.
+NOT_SERVED_YET = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
 def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
-    # Right after a topic is created its leader may not serve it yet (NOT_LEADER_FOR_PARTITION,
-    # retriable), though the metadata already names it.
     deadline = time.monotonic() + TIMEOUT
     while True:
         try:
@@ -114,7 +121,9 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
                 TopicPartition(topic, partition), timeout=TIMEOUT
             )[1]
         except KafkaException as exc:
-            if not exc.args[0].retriable() or time.monotonic() > deadline:
+            error = exc.args[0]
+            waiting = error.retriable() or error.code() in NOT_SERVED_YET
+            if not waiting or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
 
