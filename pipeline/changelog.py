@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 import faust
@@ -64,18 +64,24 @@ class ChangelogWindow:
         self._sealed: list[tuple[int, dict[str, bytes]]] = []
 
     def add(self, partition: int, key: str, value: bytes) -> None:
-        # Kept as an exact-size copy: orjson >= 3.12 returns each small value in a 4 KiB
-        # allocation, and a window holds one value per user written since the last flush.
-        value = bytes(memoryview(value))
+        self.add_many(partition, ((key, value),))
+
+    def add_many(self, partition: int, items: Iterable[tuple[str, bytes]]) -> None:
+        """``add`` for each (key, value), in order (one call per record: stage 1 writes a
+        record's users at once)."""
         entries = self._open.setdefault(partition, {})
-        old = entries.get(key)
-        size = self._bytes.get(partition, 0) + len(value)
-        size += len(key) + RECORD_OVERHEAD if old is None else -len(old)
-        if size > self.max_bytes and len(entries) > (old is not None):
-            self._sealed.append((partition, entries))
-            entries = self._open[partition] = {}
-            size = len(key) + len(value) + RECORD_OVERHEAD
-        entries[key] = value
+        size = self._bytes.get(partition, 0)
+        for key, value in items:
+            # Kept as an exact-size copy: orjson >= 3.12 returns each small value in a
+            # 4 KiB allocation, and a window holds one value per key since the last flush.
+            value = bytes(memoryview(value))
+            old = entries.get(key)
+            size += len(value) + (len(key) + RECORD_OVERHEAD if old is None else -len(old))
+            if size > self.max_bytes and len(entries) > (old is not None):
+                self._sealed.append((partition, entries))
+                entries = self._open[partition] = {}
+                size = len(key) + len(value) + RECORD_OVERHEAD
+            entries[key] = value
         self._bytes[partition] = size
 
     @property
@@ -106,7 +112,8 @@ class BatchedTable:
         return self._window.full
 
     def for_partition(self, partition: int, prefix: str = "") -> PartitionEntries:
-        return PartitionEntries(self, partition, prefix)
+        data, key_partition = memory_store(self._table)
+        return PartitionEntries(data, key_partition, self._window, partition, prefix)
 
     async def flush(self, delivered: bool = False) -> None:
         """Send the windows. Their delivery is awaited by the producer's flush before a
@@ -154,9 +161,16 @@ class PartitionEntries(MutableMapping[str, dict]):
     (as Faust's per-event tables do). Keys are given without the prefix. ``get`` and
     ``__setitem__`` go straight to the store: stage 1 calls them per user per record."""
 
-    def __init__(self, table: BatchedTable, partition: int, prefix: str = "") -> None:
-        self._data, self._key_partition = memory_store(table._table)
-        self._window, self._partition, self._prefix = table._window, partition, prefix
+    def __init__(
+        self,
+        data: dict[str, Any],
+        key_partition: dict[str, int],
+        window: ChangelogWindow,
+        partition: int,
+        prefix: str = "",
+    ) -> None:
+        self._data, self._key_partition = data, key_partition
+        self._window, self._partition, self._prefix = window, partition, prefix
 
     def __getitem__(self, key: str) -> dict:
         value = self._data.get(self._prefix + key)
@@ -174,6 +188,18 @@ class PartitionEntries(MutableMapping[str, dict]):
         # entries of a revoked partition are dropped instead of lingering stale.
         self._key_partition[key] = self._partition
         self._window.add(self._partition, key, orjson.dumps(value))
+
+    def update(self, pairs: Iterable[tuple[str, dict]]) -> None:  # type: ignore[override]
+        """``self[key] = value`` for each (key, value), in order, in one call."""
+        data, key_partition, partition = self._data, self._key_partition, self._partition
+        prefix, dumps = self._prefix, orjson.dumps
+        items = []
+        for key, value in pairs:
+            key = prefix + key
+            data[key] = value
+            key_partition[key] = partition
+            items.append((key, dumps(value)))
+        self._window.add_many(partition, items)
 
     def __delitem__(self, key: str) -> None:
         raise NotImplementedError("stage 1 never deletes entries")

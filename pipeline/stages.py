@@ -116,6 +116,7 @@ class Stage1:
         per_user = self._per_user or self._user_stats
         events_of = self._events_by_user(batch, rows) if per_user else None
         changed = columns.changed(before + units, units)
+        writes: list[tuple[str, dict]] = []
         for i, (user_id, entry, count) in enumerate(zip(user_ids, stored, counts, strict=True)):
             if not count:
                 if readds is not None and readds[i]:
@@ -127,7 +128,8 @@ class Stage1:
             new = {"used": used, "offset": offset}
             if events_of is not None:
                 self._add_per_user(pstate, entry or {}, new, events_of[i], partition, in_pending)
-            users[user_id] = new
+            writes.append((user_id, new))
+        users.update(writes)  # each user once: the record's writes at once
 
     def _readded(
         self,

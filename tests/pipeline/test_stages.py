@@ -15,7 +15,12 @@ import pytest
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
 from dpstream.operators.user_level import truncation
-from dpstream.pipeline.changelog import RECORD_OVERHEAD, WINDOW_BYTES, ChangelogWindow
+from dpstream.pipeline.changelog import (
+    RECORD_OVERHEAD,
+    WINDOW_BYTES,
+    ChangelogWindow,
+    PartitionEntries,
+)
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Stage1, Stage2
@@ -632,3 +637,28 @@ def test_a_window_keeps_the_latest_value_per_key_and_seals_at_its_size():
         (1, [("u:a", b"12")]),
     ]
     assert window.take() == [] and not window.full
+
+
+@pytest.mark.parametrize("max_bytes", [120, 400, WINDOW_BYTES])
+def test_a_records_user_entries_written_at_once_are_the_same_writes(max_bytes):
+    """``PartitionEntries.update`` (stage 1 writes a record's users in one call) leaves
+    the store, the keys' partitions and the windows (sealed where they were) as the
+    same writes one at a time."""
+    values = [(f"{i % 7}", {"used": {"all": i}, "offset": i}) for i in range(40)]
+
+    def run(at_once: bool) -> tuple:
+        data: dict = {}
+        key_partition: dict = {}
+        window = ChangelogWindow(max_bytes)
+        users = PartitionEntries(data, key_partition, window, 3, "u:")
+        if at_once:
+            users.update(values)
+        else:
+            for key, value in values:
+                users[key] = value
+        return data, key_partition, window.full, window.take()
+
+    at_once = run(True)
+    assert at_once == run(False)
+    assert at_once[0]["u:6"] == {"used": {"all": 34}, "offset": 34}
+    assert at_once[1] == {f"u:{i}": 3 for i in range(7)}
