@@ -1,14 +1,17 @@
-"""The worker's noise source (pipeline/worker_support.py): the key is required, read from
-the environment or a file, and never echoed."""
+"""The worker's noise key (pipeline/worker_support.py): required, read from the
+environment or a file, never echoed; only 256 random-looking bits, in hex or base64."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
-from dpstream.pipeline.worker_support import load_noise
+from dpstream.pipeline.worker_support import load_noise, noise_key
+
+KEY = hashlib.sha256(b"one key for every pipeline").digest()
 
 BASE = {
     "privacy": {"total_epsilon": 2.0},
@@ -24,6 +27,16 @@ def _cfg(**changes):
         for part in parents:
             target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
         target[last] = value
+    return data
+
+
+def config(**changes) -> dict:
+    data = copy.deepcopy(BASE)
+    for name, value in changes.items():
+        if name in ("epsilon", "tau", "name"):
+            data["statistics"][0][name] = value
+        else:
+            data[name] = value
     return data
 
 
@@ -46,3 +59,38 @@ def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
     )
     with pytest.raises(ConfigError, match="noise.key_file: cannot read key file"):
         load_noise(parse_config(_cfg(noise__key_file=str(tmp_path / "missing"))))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "correct horse battery",  # a password
+        "0123456789abcdef",  # 16 characters
+        "ab" * 24,  # 24 bytes of hex: 192 bits
+        "0123456789abcdef" * 4,  # 256 bits of a repeated pattern
+        "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",  # base64 of 32 x "A"
+        "not base64 at all !!",
+    ],
+)
+def test_a_key_below_256_random_looking_bits_is_refused(text):
+    with pytest.raises(ConfigError) as info:
+        noise_key(text.encode(), "noise.key_env")
+    assert str(info.value).startswith("noise.key_env: the noise key")
+    assert text not in str(info.value)
+
+
+def test_hex_and_base64_keys_of_32_bytes_are_the_same_key():
+    import base64
+
+    raw = hashlib.sha256(b"k").digest()
+    forms = [raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
+             base64.urlsafe_b64encode(raw).decode().rstrip("=")]  # fmt: skip
+    assert {noise_key(f.encode() + b"\n", "noise.key_file") for f in forms} == {raw}
+
+
+def test_the_worker_loads_a_hex_key_from_the_environment(monkeypatch):
+    data = config(noise={"mode": "keyed", "key_env": "DPSTREAM_IDENTITY_TEST_KEY"})
+    monkeypatch.setenv("DPSTREAM_IDENTITY_TEST_KEY", KEY.hex())
+    noise = load_noise(parse_config(data))
+    assert noise.discrete_laplace(("n", 1), 10) == noise.discrete_laplace(("n", 1), 10)
+    assert KEY.hex() not in repr(noise)
