@@ -35,8 +35,12 @@ test: $(STAMP) broker-jars
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"
 
+# Lint and formatting of every Python folder; formatting is checked, never rewritten here.
+LINT_DIRS := operators pipeline config deploy testing tests bench experiments
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check operators pipeline config deploy testing tests
+	$(VENV)/bin/ruff check $(LINT_DIRS)
+	$(VENV)/bin/ruff format --check $(LINT_DIRS)
 
 # The broker and worker images from the project's own files (debootstrap: root needed once).
 images: $(STAMP) broker-jars

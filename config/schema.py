@@ -99,6 +99,7 @@ class InputConfig(_Model):
             raise ValueError("must be a field name or a dotted path of field names")
         return v
 
+
 class TickConfig(_Model):
     # Public, data-independent time step. Tick n covers wall-clock [n*I, (n+1)*I) (Unix time).
     interval_seconds: float = Field(1.0, gt=0, le=86_400)

@@ -320,9 +320,7 @@ class UserLevelCounter(WeightsStage2):
             parts = [(self.spec.mechanism, op_state)]
         else:
             parts = [(self.spec, op_state)]
-        tracker = sum(
-            (ul.tracker_spent_epsilon(sp, st.svt_index) for sp, st in parts), Fraction(0)
-        )
+        tracker = sum((ul.tracker_spent_epsilon(sp, st.svt_index) for sp, st in parts), Fraction(0))
         instances = sum(
             (ul.instance_spent_epsilon(sp, st.instance) for sp, st in parts), Fraction(0)
         )

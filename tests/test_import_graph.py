@@ -1,5 +1,6 @@
 """The project's modules import one another without cycles, and in one direction:
-operators know nothing of config or pipeline, config nothing of pipeline.
+operators know nothing of config or pipeline, config nothing of pipeline. The unit tests
+mirror the packages, and no test module imports another or conftest.
 
 Every import counts, wherever it is written (top level, ``if TYPE_CHECKING:``, inside a
 function): a cycle hidden behind one is still a cycle of the design.
@@ -220,3 +221,47 @@ from tests.noise_doubles import NodeNoise
         "tests.conftest",
         "tests.integration.test_faults",
     ]
+
+
+# Unit tests mirror the packages (docs/architecture.md): tests/<folder>/test_<name>.py tests
+# the module, subpackage or package <folder>/<name>; test_<name>_<aspect>.py one aspect of
+# it. The running system's tests and the privacy audits test no one module; the rules of
+# the whole repository (this file among them) sit at the top of tests/.
+NOT_MIRRORED = {"integration", "audit"}
+
+
+def mirrored_name(test_file: Path) -> str | None:
+    """What a unit test file under tests/ should be named after, or None if it tests the
+    module, subpackage or package it is named after (``test_stages_identity.py`` tests
+    ``stages``); a folder that mirrors no package answers with its path."""
+    folder = test_file.parent.relative_to(ROOT / "tests")
+    package = ROOT / folder
+    if not package.is_dir() or not any(package.glob("*.py")):
+        return str(folder)
+    names = {p.stem for p in package.glob("*.py")} - {"__init__"}
+    names |= {p.parent.name for p in package.glob("*/__init__.py")} | {package.name}
+    tested = test_file.stem.removeprefix("test_")
+    if any(tested == name or tested.startswith(f"{name}_") for name in names):
+        return None
+    return tested
+
+
+def test_unit_tests_mirror_the_packages():
+    unit_tests = [
+        path
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        if path.parent != ROOT / "tests"
+        and path.relative_to(ROOT / "tests").parts[0] not in NOT_MIRRORED
+    ]
+    assert unit_tests
+    for path in unit_tests:
+        assert mirrored_name(path) is None, path.relative_to(ROOT)
+
+
+def test_the_mirror_check_finds_a_misnamed_test_and_a_folder_without_package():
+    assert mirrored_name(ROOT / "tests" / "pipeline" / "test_stages_identity.py") is None
+    assert mirrored_name(ROOT / "tests" / "operators" / "noise" / "test_bits.py") is None
+    assert mirrored_name(ROOT / "tests" / "pipeline" / "test_noise_identity.py") == (
+        "noise_identity"
+    )
+    assert mirrored_name(ROOT / "tests" / "statistical" / "test_x.py") == "statistical"

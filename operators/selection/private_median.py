@@ -268,5 +268,3 @@ def _checked(spec: PrivateMedianSpec, histogram: Sequence[int]) -> Sequence[int]
             f"histogram must have {len(spec.midpoints)} counts >= 0, got {len(histogram)} counts"
         )
     return histogram
-
-

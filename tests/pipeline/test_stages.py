@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-import tracemalloc
 from collections.abc import Iterator, MutableMapping
 
 import numpy as np
@@ -15,12 +14,7 @@ import pytest
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import KeyedNoise, ZeroNoise
 from dpstream.operators.user_level import truncation
-from dpstream.pipeline.changelog import (
-    RECORD_OVERHEAD,
-    WINDOW_BYTES,
-    ChangelogWindow,
-    PartitionEntries,
-)
+from dpstream.pipeline.changelog import WINDOW_BYTES, ChangelogWindow
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Stage1, Stage2
@@ -604,61 +598,3 @@ def test_a_window_cut_inside_would_count_wrong():
     part of a window (a user entry two records ahead of the surviving partition state,
     its earlier write folded into the later one) re-counts or loses units."""
     assert any(_crash_mismatches(schedule, split_batches=True) for schedule in range(40))
-
-
-def test_a_window_keeps_its_values_at_their_size():
-    # One value per user written since the last flush: 10,000 users' entries must not
-    # take orjson's 4 KiB buffer each (40 MB), only about their own size.
-    window = ChangelogWindow(max_bytes=1 << 30)
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i in range(10_000):  # as PartitionEntries writes: the value is the window's
-            window.add(0, f"u:{i}", orjson.dumps({"used": {"events": i}, "offset": i}))
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert grown < 10_000 * 200, grown
-
-
-def test_a_window_keeps_the_latest_value_per_key_and_seals_at_its_size():
-    window = ChangelogWindow(max_bytes=3 * (3 + 2 + RECORD_OVERHEAD))
-    window.add(0, "u:a", b"11")
-    window.add(1, "u:a", b"12")
-    window.add(0, "u:b", b"21")
-    window.add(0, "u:a", b"13")  # replaces 11 in place
-    assert not window.full
-    window.add(0, "u:c", b"31")
-    window.add(0, "p:0", b"41")  # the fourth key of partition 0: seals the first three
-    assert window.full
-    assert window.take() == [
-        (0, [("u:a", b"13"), ("u:b", b"21"), ("u:c", b"31")]),
-        (0, [("p:0", b"41")]),
-        (1, [("u:a", b"12")]),
-    ]
-    assert window.take() == [] and not window.full
-
-
-@pytest.mark.parametrize("max_bytes", [120, 400, WINDOW_BYTES])
-def test_a_records_user_entries_written_at_once_are_the_same_writes(max_bytes):
-    """``PartitionEntries.update`` (stage 1 writes a record's users in one call) leaves
-    the store, the keys' partitions and the windows (sealed where they were) as the
-    same writes one at a time."""
-    values = [(f"{i % 7}", {"used": {"all": i}, "offset": i}) for i in range(40)]
-
-    def run(at_once: bool) -> tuple:
-        data: dict = {}
-        key_partition: dict = {}
-        window = ChangelogWindow(max_bytes)
-        users = PartitionEntries(data, key_partition, window, 3, "u:")
-        if at_once:
-            users.update(values)
-        else:
-            for key, value in values:
-                users[key] = value
-        return data, key_partition, window.full, window.take()
-
-    at_once = run(True)
-    assert at_once == run(False)
-    assert at_once[0]["u:6"] == {"used": {"all": 34}, "offset": 34}
-    assert at_once[1] == {f"u:{i}": 3 for i in range(7)}

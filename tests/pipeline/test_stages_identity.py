@@ -1,6 +1,6 @@
-"""Issue 13 items 1-3 in the pipeline's own code: noise bound to a statistic's full
-identity, a changed statistic refused, the key's form, exact counts only under a
-public-counts statement."""
+"""Stage 2 (pipeline/stages.py) binds the noise to a statistic's full identity (the
+pipeline, the statistic, its parameters' fingerprint, its start tick) and refuses state made
+with other parameters; exact counts appear only under a public-counts statement."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
-from dpstream.pipeline.ledger import checked_statement, statement_entry
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Stage2, StatisticChanged
 from dpstream.pipeline.statistic import Report
-from dpstream.pipeline.worker_support import load_noise, noise_key
 
 KEY = hashlib.sha256(b"one key for every pipeline").digest()
+
 
 BASE = {
     "app_id": "prod",
@@ -118,78 +117,6 @@ def test_stage2_refuses_state_made_with_other_parameters():
         Stage2(old, ZeroNoise(), 1).on_report(legacy, Report("events", 0, 8, 8, {"w": 1}))
 
 
-def test_the_ledger_check_refuses_epsilon_changed_in_place_and_names_the_field():
-    old = parse_config(config())
-    past = [statement_entry(old, old.privacy_statement())]
-    assert checked_statement(old, past).per_user_total == 1  # a restart: the same statistic
-    with pytest.raises(ConfigError) as info:
-        checked_statement(parse_config(config(epsilon=0.5)), past)
-    assert str(info.value).startswith("statistics[0].epsilon: statistic 'events' ran under")
-    assert "statistic.epsilon changed" in str(info.value)
-    with pytest.raises(ConfigError, match=r"^privacy\.neighbours: "):
-        changed = config(privacy={"total_epsilon": 2.0, "neighbours": "any_subset"})
-        checked_statement(parse_config(changed), past)
-
-
-def test_a_renamed_statistic_is_new_and_the_old_one_stays_charged():
-    old = parse_config(config())
-    past = [statement_entry(old, old.privacy_statement())]
-    statement = checked_statement(parse_config(config(name="events_v2")), past)
-    assert statement.per_user_total == 2  # events (retired) 1 + events_v2 1
-    assert [c.statistic for c in statement.retired] == ["events"]
-    tight = config(name="events_v2", privacy={"total_epsilon": 1.5})
-    with pytest.raises(ConfigError, match=r"^privacy\.total_epsilon: .*events 1"):
-        checked_statement(parse_config(tight), past)
-
-
-def test_the_statement_entry_carries_each_statistic_identity():
-    cfg = parse_config(config())
-    entry = statement_entry(cfg, cfg.privacy_statement())
-    assert entry["event"] == "statement" and entry["app_id"] == "prod"
-    assert entry["per_user_total"] == 1.0 and entry["relation"] == "whole_user"
-    identity = entry["identities"]["events"]
-    assert identity["parameters"]["statistic"]["epsilon"] == 1.0
-    assert len(identity["fingerprint"]) == 32
-
-
-# --------------------------------------------------------------------------- the key
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "correct horse battery",  # a password
-        "0123456789abcdef",  # 16 characters
-        "ab" * 24,  # 24 bytes of hex: 192 bits
-        "0123456789abcdef" * 4,  # 256 bits of a repeated pattern
-        "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",  # base64 of 32 x "A"
-        "not base64 at all !!",
-    ],
-)
-def test_a_key_below_256_random_looking_bits_is_refused(text):
-    with pytest.raises(ConfigError) as info:
-        noise_key(text.encode(), "noise.key_env")
-    assert str(info.value).startswith("noise.key_env: the noise key")
-    assert text not in str(info.value)
-
-
-def test_hex_and_base64_keys_of_32_bytes_are_the_same_key():
-    import base64
-
-    raw = hashlib.sha256(b"k").digest()
-    forms = [raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
-             base64.urlsafe_b64encode(raw).decode().rstrip("=")]  # fmt: skip
-    assert {noise_key(f.encode() + b"\n", "noise.key_file") for f in forms} == {raw}
-
-
-def test_the_worker_loads_a_hex_key_from_the_environment(monkeypatch):
-    data = config(noise={"mode": "keyed", "key_env": "DPSTREAM_IDENTITY_TEST_KEY"})
-    monkeypatch.setenv("DPSTREAM_IDENTITY_TEST_KEY", KEY.hex())
-    noise = load_noise(parse_config(data))
-    assert noise.discrete_laplace(("n", 1), 10) == noise.discrete_laplace(("n", 1), 10)
-    assert KEY.hex() not in repr(noise)
-
-
 # --------------------------------------------------------------------- exact counts
 
 
@@ -217,7 +144,7 @@ def test_george_et_al_mean_never_shares_a_total_with_a_count():
     # exact truncated value. A public-counts pipeline refuses the count.
     with pytest.raises(ConfigError, match=r"statistics\[0\]: 'events' \(count\) protects whole"):
         parse_config(mean_and_count(public_counts=True))
-    # (The default mean beside a count: tests/pipeline/test_whole_user_mean.py.)
+    # (The default mean beside a count: tests/pipeline/test_means_whole_user.py.)
 
 
 def test_a_public_counts_pipeline_says_so_on_every_release():

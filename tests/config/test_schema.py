@@ -1,0 +1,173 @@
+"""The pipeline config (config/schema.py): errors name the field, the budget is checked
+exactly, the shipped demo config is valid, a dumped config parses again."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dpstream.config.schema import ConfigError, load_config, parse_config
+
+BASE = {
+    "privacy": {"total_epsilon": 2.0},
+    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
+}
+
+
+def _cfg(**changes):
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        target = data
+        *parents, last = path.split("__")
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
+        target[last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"statistics__0__epsilon": -1}, "statistics[0].epsilon: Input should be greater than 0"),
+        (
+            {"statistics__0__tau": 0},
+            "statistics[0].tau: must be 'auto' or an integer in [1, 1000000]",
+        ),
+        ({"statistics__0__kind": "median"}, "statistics[0].kind: Input should be 'count'"),
+        ({"statistics__0__name": "bad name!"}, "statistics[0].name: must match"),
+        ({"statistics__0__bogus": 1}, "statistics[0].bogus: Extra inputs are not permitted"),
+        ({"input__partitions": 0}, "input.partitions: Input should be greater than or equal to 1"),
+        ({"input__topics": ["a topic"]}, "input.topics: [0]: must be a Kafka topic name"),
+        ({"input__topic": "events"}, "input.topic: now topics, a list of source topics"),
+        ({"input__topics": ["dp.events"]}, "input.topics[0]: 'dp.events' is a topic dpstream"),
+        ({"input__user_id_field": "actor."}, "input.user_id_field: must be a field name"),
+        ({"ticks__interval_seconds": 0}, "ticks.interval_seconds: Input should be greater than 0"),
+        ({"privacy__total_epsilon": 0.5}, "privacy.total_epsilon: statistics spend 1 in total"),
+        ({"privacy__neighbours": "event"}, "privacy.neighbours: Input should be 'whole_user'"),
+        ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
+        ({"statistics__0__mechanism": "kary"}, "statistics[0].k: required for mechanism kary"),
+        (
+            {"statistics__0__mechanism": "kary_subtract", "statistics__0__k": 2},
+            "statistics[0].k: must be >= 3 for kary_subtract, got 2",
+        ),
+        ({"statistics__0__k": 3}, "statistics[0].k: only applies to kary and kary_subtract"),
+        ({"statistics__0__mechanism": "expiring"}, "statistics[0].lambda: required"),
+        (
+            {"statistics__0__mechanism": "expiring", "statistics__0__lambda": 2},
+            "statistics[0].horizon_ticks: required for mechanism expiring",
+        ),
+        ({"statistics__0__lambda": 2}, "statistics[0].lambda: lambda and delay only apply"),
+        ({"statistics__0__mechanism": "auto"}, "statistics[0].horizon_ticks: required"),
+        ({"statistics__0__mechanism": "fancy"}, "statistics[0].mechanism: Input should be"),
+        ({"statistics__0__kind": "sum"}, "statistics[0].max_value: required for kind sum"),
+        ({"statistics__0__bins": 8}, "statistics[0].bins: only applies to histogram and kselect"),
+        (
+            {"statistics__0__kind": "histogram", "statistics__0__bins": 8},
+            "statistics[0].tau: kind histogram needs tau: auto",
+        ),
+        (
+            {
+                "statistics__0__kind": "kselect",
+                "statistics__0__bins": 8,
+                "statistics__0__tau": "auto",
+            },
+            "statistics[0].rank: required for kind kselect",
+        ),
+        (
+            {"statistics__0__halve_margin": True},
+            "statistics[0].halve_margin: only applies to kind kselect, not count",
+        ),
+        (
+            {
+                "statistics__0__tau": "auto",
+                "statistics__0__mechanism": "kary",
+                "statistics__0__k": 4,
+            },
+            "statistics[0].mechanism: tau: auto runs Dong-Luo-Yi's binary tree",
+        ),
+        (
+            {
+                "statistics__0__tau": "auto",
+                "statistics__0__kind": "distinct",
+                "statistics__0__deletions": True,
+            },
+            "statistics[0].deletions: not supported for kind distinct",
+        ),
+        ({"statistics__0__deletions": True}, "statistics[0].deletions: only with tau: auto"),
+        ({"statistics__0__theta": 0}, "statistics[0].theta: Input should be greater than 0"),
+    ],
+)
+def test_bad_config_names_the_field(changes, message):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_cfg(**changes))
+    assert message in str(info.value)
+
+
+def test_missing_sections_and_duplicates_name_the_field():
+    with pytest.raises(ConfigError, match=r"privacy: Field required"):
+        parse_config({"statistics": BASE["statistics"]})
+    dup = _cfg()
+    dup["statistics"].append(dict(dup["statistics"][0]))
+    with pytest.raises(ConfigError, match=r"statistics\[1\].name: duplicate statistic name"):
+        parse_config(dup)
+
+
+def test_budget_boundary_is_exact():
+    data = _cfg(privacy__total_epsilon=0.3)
+    data["statistics"] = [
+        {"name": "a", "epsilon": 0.1, "tau": 1},
+        {"name": "b", "epsilon": 0.2, "tau": 1},
+    ]
+    parse_config(data)  # 0.1 + 0.2 is exactly the budget, whatever binary floats say
+    data["privacy"]["total_epsilon"] = 0.3 - 1e-6
+    with pytest.raises(ConfigError, match="privacy.total_epsilon"):
+        parse_config(data)
+
+
+def test_expiring_statistics_are_charged_their_loss_at_the_horizon():
+    stat = {
+        "name": "e",
+        "epsilon": 0.5,
+        "tau": 1,
+        "mechanism": "expiring",
+        "lambda": 1,
+        "horizon_ticks": 8,
+    }
+    # lambda = 1: g(d) = 2 (floor(log2 d) + 1), so g(8) = 8 and the charge is 0.5 * 8 = 4.
+    parse_config({"privacy": {"total_epsilon": 4}, "statistics": [stat]})
+    with pytest.raises(ConfigError, match="privacy.total_epsilon: statistics spend 4 in total"):
+        parse_config({"privacy": {"total_epsilon": 3.99}, "statistics": [stat]})
+
+
+def test_shipped_demo_config_is_valid():
+    from importlib.resources import files
+
+    cfg = load_config(files("dpstream.config").joinpath("demo.yaml"))
+    assert [s.name for s in cfg.statistics] == ["events", "clicks", "events_auto"]
+    assert cfg.statistics[2].user_level and not cfg.statistics[0].user_level
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("statistics: [\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(path)
+
+
+def test_a_dumped_config_parses_again():
+    # The demo (and users' tooling) writes a parsed config back out: defaults included.
+    data = {
+        "privacy": {"total_epsilon": 9.0},
+        "statistics": [
+            {"name": "c", "epsilon": 1.0, "tau": 4},
+            {"name": "s", "kind": "sum", "max_value": 5, "epsilon": 1.0},
+            {"name": "h", "kind": "histogram", "bins": 4, "epsilon": 1.0},
+            {"name": "k", "kind": "kselect", "bins": 4, "rank": "max", "epsilon": 1.0},
+            {"name": "d", "kind": "distinct", "epsilon": 1.0},
+            {"name": "e", "epsilon": 1.0, "tau": 2, "mechanism": "expiring", "lambda": 1,
+             "horizon_ticks": 2},
+        ],
+    }  # fmt: skip
+    cfg = parse_config(data)
+    assert parse_config(cfg.model_dump(mode="json", by_alias=True)) == cfg

@@ -1,0 +1,111 @@
+"""The broker chooser (deploy/broker.py) without a broker: KAFKA_BOOTSTRAP_SERVERS is used
+as given, an image that cannot be pulled falls back to the jar broker unless containers are
+required, the image and the Kafka version come from one place."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from dpstream.deploy import broker
+from dpstream.deploy.broker import (
+    KAFKA_VERSION,
+    REPO_ROOT,
+    LocalKafka,
+    docker_available,
+    kafka_broker,
+)
+
+
+def test_kafka_broker_uses_env_bootstrap_and_starts_nothing(monkeypatch):
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("kafka_broker() must not start a broker when the env var is set")
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka.example:19092,other:9092")
+    monkeypatch.setattr(broker, "docker_available", forbidden)
+    monkeypatch.setattr(broker, "fetch_jars", forbidden)
+    monkeypatch.setattr(LocalKafka, "start", classmethod(forbidden))
+    with kafka_broker() as bootstrap:
+        assert bootstrap == "kafka.example:19092,other:9092"
+
+
+class _FakeJarBroker:
+    bootstrap = "127.0.0.1:1"
+    stopped = False
+
+    def stop(self) -> None:
+        type(self).stopped = True
+
+
+def _engine_without_registry(monkeypatch) -> list[str]:
+    """An engine that answers but whose image cannot be pulled; the jar broker is a fake."""
+    started: list[str] = []
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setattr(broker, "docker_available", lambda: True)
+
+    def no_pull(cls, image=None, **_kwargs):
+        raise broker.BrokerError(
+            f"could not start the {image or broker.kafka_image()} container: 404 Client Error"
+            "\nsecond line of a long docker error"
+        )
+
+    def jar_start(cls, **_kwargs):
+        started.append("jar")
+        return _FakeJarBroker()
+
+    monkeypatch.setattr(broker.KafkaContainer, "start", classmethod(no_pull))
+    monkeypatch.setattr(LocalKafka, "start", classmethod(jar_start))
+    return started
+
+
+def test_an_unpullable_image_falls_back_to_the_jar_broker_with_one_warning(monkeypatch, caplog):
+    monkeypatch.delenv("DPSTREAM_REQUIRE_CONTAINERS", raising=False)
+    monkeypatch.setenv("DPSTREAM_KAFKA_IMAGE", "registry.invalid/kafka:0")
+    started = _engine_without_registry(monkeypatch)
+    with caplog.at_level("WARNING", logger=broker.__name__), kafka_broker() as bootstrap:
+        assert bootstrap == _FakeJarBroker.bootstrap
+    assert started == ["jar"] and _FakeJarBroker.stopped
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "\n" not in warned[0]
+    assert "registry.invalid/kafka:0" in warned[0] and "jar broker" in warned[0]
+
+
+def test_a_required_image_never_falls_back(monkeypatch):
+    monkeypatch.setenv("DPSTREAM_REQUIRE_CONTAINERS", "1")
+    started = _engine_without_registry(monkeypatch)
+    with pytest.raises(broker.BrokerError, match="could not start"), kafka_broker():
+        pass
+    monkeypatch.setattr(broker, "docker_available", lambda: False)
+    with pytest.raises(broker.BrokerError, match="no Docker engine answers"), kafka_broker():
+        pass
+    assert started == []
+
+
+def test_the_broker_image_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("DPSTREAM_KAFKA_IMAGE", raising=False)
+    assert broker.kafka_image() == f"apache/kafka:{KAFKA_VERSION}"
+    monkeypatch.setenv("DPSTREAM_KAFKA_IMAGE", " dpstream/kafka:x ")
+    assert broker.kafka_image() == "dpstream/kafka:x"
+
+
+def test_kafka_version_is_the_same_everywhere():
+    pom = (REPO_ROOT / "deploy" / "pom.xml").read_text()
+    assert re.search(r"<kafka\.version>(.+?)</kafka\.version>", pom).group(1) == KAFKA_VERSION
+    compose = (REPO_ROOT / "deploy" / "docker-compose.yml").read_text()
+    assert f"apache/kafka:{KAFKA_VERSION}" in compose
+
+
+def test_fetch_jars_explains_missing_maven(monkeypatch, tmp_path):
+    monkeypatch.setattr(broker, "jar_dir", lambda: tmp_path / "jars")
+    monkeypatch.setattr(broker.shutil, "which", lambda _name: None)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(broker.BrokerError, match="'mvn' was not found"):
+        broker.fetch_jars()
+
+
+def test_docker_available_is_fast_and_never_raises():
+    started = time.monotonic()
+    assert isinstance(docker_available(), bool)
+    assert time.monotonic() - started < 5

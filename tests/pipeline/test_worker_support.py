@@ -1,0 +1,96 @@
+"""The worker's noise key (pipeline/worker_support.py): required, read from the
+environment or a file, never echoed; only 256 random-looking bits, in hex or base64."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import pytest
+
+from dpstream.config.schema import ConfigError, parse_config
+from dpstream.pipeline.worker_support import load_noise, noise_key
+
+KEY = hashlib.sha256(b"one key for every pipeline").digest()
+
+BASE = {
+    "privacy": {"total_epsilon": 2.0},
+    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
+}
+
+
+def _cfg(**changes):
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        target = data
+        *parents, last = path.split("__")
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
+        target[last] = value
+    return data
+
+
+def config(**changes) -> dict:
+    data = copy.deepcopy(BASE)
+    for name, value in changes.items():
+        if name in ("epsilon", "tau", "name"):
+            data["statistics"][0][name] = value
+        else:
+            data[name] = value
+    return data
+
+
+def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
+    cfg = parse_config(_cfg(noise__key_env="DPSTREAM_TEST_KEY"))
+    monkeypatch.delenv("DPSTREAM_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match="noise.key_env: environment variable DPSTREAM_TEST_KEY"):
+        load_noise(cfg)
+    monkeypatch.setenv("DPSTREAM_TEST_KEY", "short")
+    with pytest.raises(ConfigError, match="noise.key_env: the noise key must be at least 256"):
+        load_noise(cfg)
+    secret = "8f1c2a7e55d04b9e3a61c0ffee12ab34cd56ef7890a1b2c3d4e5f60718293a4b"
+    monkeypatch.setenv("DPSTREAM_TEST_KEY", secret)
+    assert secret not in repr(load_noise(cfg))
+    key_file = tmp_path / "key"
+    key_file.write_text(secret + "\n")
+    from_file = load_noise(parse_config(_cfg(noise__key_file=str(key_file))))
+    assert from_file.discrete_laplace(("n", 1), 10) == load_noise(cfg).discrete_laplace(
+        ("n", 1), 10
+    )
+    with pytest.raises(ConfigError, match="noise.key_file: cannot read key file"):
+        load_noise(parse_config(_cfg(noise__key_file=str(tmp_path / "missing"))))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "correct horse battery",  # a password
+        "0123456789abcdef",  # 16 characters
+        "ab" * 24,  # 24 bytes of hex: 192 bits
+        "0123456789abcdef" * 4,  # 256 bits of a repeated pattern
+        "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=",  # base64 of 32 x "A"
+        "not base64 at all !!",
+    ],
+)
+def test_a_key_below_256_random_looking_bits_is_refused(text):
+    with pytest.raises(ConfigError) as info:
+        noise_key(text.encode(), "noise.key_env")
+    assert str(info.value).startswith("noise.key_env: the noise key")
+    assert text not in str(info.value)
+
+
+def test_hex_and_base64_keys_of_32_bytes_are_the_same_key():
+    import base64
+
+    raw = hashlib.sha256(b"k").digest()
+    forms = [raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
+             base64.urlsafe_b64encode(raw).decode().rstrip("=")]  # fmt: skip
+    assert {noise_key(f.encode() + b"\n", "noise.key_file") for f in forms} == {raw}
+
+
+def test_the_worker_loads_a_hex_key_from_the_environment(monkeypatch):
+    data = config(noise={"mode": "keyed", "key_env": "DPSTREAM_IDENTITY_TEST_KEY"})
+    monkeypatch.setenv("DPSTREAM_IDENTITY_TEST_KEY", KEY.hex())
+    noise = load_noise(parse_config(data))
+    assert noise.discrete_laplace(("n", 1), 10) == noise.discrete_laplace(("n", 1), 10)
+    assert KEY.hex() not in repr(noise)
