@@ -119,10 +119,15 @@ class BatchedTable:
         """Send the windows. Their delivery is awaited by the producer's flush before a
         commit, or here with ``delivered``."""
         async with self._lock:
+            windows = self._window.take()
+            if not windows:
+                # Nothing to send; also at shutdown, where Faust flushes its producer
+                # buffer once more after the producer has stopped.
+                return
             producer = aiokafka_producer(self._app)
             topic = self._table.changelog_topic.get_topic_name()
             sent = []
-            for partition, entries in self._window.take():
+            for partition, entries in windows:
                 batch = producer.create_batch()
                 for key, value in entries:
                     if batch.append(key=orjson.dumps(key), value=value, timestamp=None) is None:

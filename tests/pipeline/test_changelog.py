@@ -1,13 +1,22 @@
-"""A changelog window (pipeline/changelog.py): the latest value per key, sealed at its size,
-its values kept at their own size."""
+"""Stage 1's changelog (pipeline/changelog.py): a window keeps the latest value per key,
+sealed at its size, its values at their own size; a record's user entries go in at once;
+a flush with nothing to send touches no producer."""
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 
 import orjson
+import pytest
 
-from dpstream.pipeline.changelog import RECORD_OVERHEAD, ChangelogWindow
+from dpstream.pipeline.changelog import (
+    RECORD_OVERHEAD,
+    WINDOW_BYTES,
+    BatchedTable,
+    ChangelogWindow,
+    PartitionEntries,
+)
 
 
 def test_a_window_keeps_its_values_at_their_size():
@@ -41,3 +50,40 @@ def test_a_window_keeps_the_latest_value_per_key_and_seals_at_its_size():
         (1, [("u:a", b"12")]),
     ]
     assert window.take() == [] and not window.full
+
+
+@pytest.mark.parametrize("max_bytes", [120, 400, WINDOW_BYTES])
+def test_a_records_user_entries_written_at_once_are_the_same_writes(max_bytes):
+    """``PartitionEntries.update`` (stage 1 writes a record's users in one call) leaves
+    the store, the keys' partitions and the windows (sealed where they were) as the
+    same writes one at a time."""
+    values = [(f"{i % 7}", {"used": {"all": i}, "offset": i}) for i in range(40)]
+
+    def run(at_once: bool) -> tuple:
+        data: dict = {}
+        key_partition: dict = {}
+        window = ChangelogWindow(max_bytes)
+        users = PartitionEntries(data, key_partition, window, 3, "u:")
+        if at_once:
+            users.update(values)
+        else:
+            for key, value in values:
+                users[key] = value
+        return data, key_partition, window.full, window.take()
+
+    at_once = run(True)
+    assert at_once == run(False)
+    assert at_once[0]["u:6"] == {"used": {"all": 34}, "offset": 34}
+    assert at_once[1] == {f"u:{i}": 3 for i in range(7)}
+
+
+def test_a_flush_with_nothing_to_send_touches_no_producer():
+    # At shutdown Faust flushes its producer buffer (and so this table) once more after
+    # the producer has stopped: asking for the producer then raised NotReady and logged
+    # a traceback at every clean stop.
+    class StoppedApp:
+        @property
+        def producer(self):
+            raise AssertionError("the producer was asked for")
+
+    asyncio.run(BatchedTable(StoppedApp(), table=None).flush(delivered=True))
