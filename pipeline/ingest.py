@@ -262,6 +262,7 @@ class Ingest:
     def __init__(self, cfg: PipelineConfig, bootstrap: str) -> None:
         self._cfg = cfg
         self._limits = limits_for(cfg)
+        self._wait = cfg.input.ingest_wait_ms / 1000
         self._consumer = Consumer(consumer_config(cfg, bootstrap))
         self._producer = Producer(producer_config(bootstrap, cfg))
         self._pending: deque[_Batch] = deque()  # sent, oldest first, not yet committed
@@ -311,13 +312,21 @@ class Ingest:
         return len(records)
 
     def _read(self, timeout: float) -> list[SourceRecord]:
-        # poll waits for the first record only; consume(n, 0) then takes what is already
-        # fetched (consume(n, timeout) would wait out its timeout unless n records came).
+        # poll waits for the first record; then the batch fills for at most
+        # ``ingest_wait_ms``. consume(n, t) alone is not enough: since confluent-kafka
+        # 2.13 it returns once some records came in one of its 200 ms slices.
         first = self._consumer.poll(timeout)
         if first is None:
             return []
+        messages, size = [first], self._cfg.input.ingest_batch
+        deadline = time.monotonic() + self._wait
+        while len(messages) < size:
+            left = deadline - time.monotonic()
+            messages += self._consumer.consume(size - len(messages), max(left, 0.0))
+            if left <= 0:
+                break
         records = []
-        for msg in (first, *self._consumer.consume(self._cfg.input.ingest_batch - 1, 0)):
+        for msg in messages:
             error = msg.error()
             if error is not None:
                 if error.fatal():

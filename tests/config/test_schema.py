@@ -96,6 +96,10 @@ def _cfg(**changes):
         ),
         ({"statistics__0__deletions": True}, "statistics[0].deletions: only with tau: auto"),
         ({"statistics__0__theta": 0}, "statistics[0].theta: Input should be greater than 0"),
+        (
+            {"input__ingest_wait_ms": -1},
+            "input.ingest_wait_ms: Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_bad_config_names_the_field(changes, message):

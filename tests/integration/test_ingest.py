@@ -24,11 +24,13 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from confluent_kafka import Producer
 
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.clients import export_log, read_topic
-from dpstream.pipeline.ingest import source_lag
+from dpstream.pipeline.ingest import Ingest, source_lag
 from dpstream.pipeline.records import decode_envelope
+from dpstream.pipeline.topics import ensure_topics
 from dpstream.pipeline.worker_support import spawn_worker
 from dpstream.testing import unique_names
 from tests.integration import producers
@@ -350,3 +352,41 @@ def test_two_workers_share_the_source_partitions_and_one_is_killed(bootstrap, tm
         if second is not None:
             second.stop()
     check_exact(first.cfg, bootstrap, stream.events, releases)
+
+
+def test_records_arriving_one_by_one_within_the_wait_go_out_as_one_batch(bootstrap):
+    """``input.ingest_wait_ms``: once a batch's first record is there, the ingest waits
+    for the batch to fill (up to ``ingest_batch`` records), so records that trickle in
+    go to the events topic as one envelope per events partition, not one per record
+    (all from source partition 0: an envelope holds one source partition's events)."""
+    records = 40
+    data = unique_names(config([], [{"name": "n", "epsilon": 1.0, "tau": TAU}], {}))
+    # A wait far longer than the trickle takes: the batch ends when it is full.
+    data["input"].update(partitions=4, ingest_batch=records, ingest_wait_ms=3_000)
+    cfg = parse_config(data)
+    ensure_topics(cfg, bootstrap)
+    ingest, stop = Ingest(cfg, bootstrap), threading.Event()
+    running = threading.Thread(target=ingest.run, args=(stop,))
+    running.start()
+    producer = Producer({"bootstrap.servers": bootstrap})
+
+    def send(user: str) -> None:
+        producer.produce(cfg.input.topics[0], orjson.dumps({"user_id": user}), partition=0)
+        producer.flush()  # each record its own produce request
+
+    try:
+        # A first record alone (it fills no batch: ingest_batch is 40), so that the
+        # ingest is assigned and reading before the trickle starts.
+        send("first")
+        wait_until(lambda: ingest.events == 1, 60, "the ingest to send the first event")
+        for i in range(records):
+            send(f"u{i}")
+            time.sleep(0.01)
+        wait_until(lambda: ingest.events == 1 + records, 60, "the ingest to send every event")
+    finally:
+        stop.set()
+        running.join(30)
+    sent = read_topic(bootstrap, cfg.events_topic, cfg.input.partitions)
+    envelopes = [decode_envelope(value) for rows in sent.values() for _, _, value, _ in rows]
+    assert sum(len(e.events) for e in envelopes) == 1 + records
+    assert len(envelopes) - 1 <= cfg.input.partitions
