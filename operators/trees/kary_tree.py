@@ -234,9 +234,13 @@ def exact_value(state: KaryTreeState) -> int:
 def period_of(k: int, t: int) -> tuple[int, int]:
     """(p, tau): global step t >= 1 is the tau-th step (1-based) of period p.
 
-    Period p has k^p steps and starts at g_p = 1 + (k^p - 1) / (k - 1).
+    Period p has k^p steps and starts at g_p = 1 + (k^p - 1) / (k - 1); for k = 2,
+    p = floor(log2 t) and g_p = 2^p (the binary mechanism's periods, tree_counter).
     """
     _validate.check_int_ge("t", t, 1)
+    if k == 2:
+        period = t.bit_length() - 1
+        return period, t - (1 << period) + 1
     period, start, length = 0, 1, 1
     while t >= start + length:
         start += length

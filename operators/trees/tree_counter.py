@@ -31,6 +31,7 @@ from ..noise import (
     noise_std,
     noisy_release,
 )
+from . import kary_tree
 
 MECHANISM = "binary_tree"
 
@@ -88,10 +89,9 @@ def init(spec: BinaryTreeSpec) -> BinaryTreeState:
 
 
 def period_of(t: int) -> tuple[int, int]:
-    """(l, k): step t >= 1 is the k-th step (1-based) of period l = floor(log2 t)."""
-    _validate.check_int_ge("t", t, 1)
-    period = t.bit_length() - 1
-    return period, t - (1 << period) + 1
+    """(l, k): step t >= 1 is the k-th step (1-based) of period l = floor(log2 t): the
+    k-ary tree's periods for k = 2."""
+    return kary_tree.period_of(2, t)
 
 
 def node_scale(spec: BinaryTreeSpec, period: int) -> Fraction:
