@@ -338,7 +338,7 @@ class Stage2:
                 state.identity = StatisticIdentity(
                     self._fingerprints[name], self._params[name], tick
                 )
-                ledger.append(self._ledger_entry(name, tick))
+                ledger.append(self._first_ledger_entry(name, tick))
             pending = state.pending.pop(tick, None)
             state.last_closed = tick
             if state.exhausted is not None:
@@ -376,16 +376,12 @@ class Stage2:
         return self._release_record(stat, tick, fields)
 
     def _exhausted_entry(self, name: str, tick: int) -> dict:
-        stat = self._stats[name]
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "statistic": name,
-            "tick": tick,
+        fields = {
             "event": "exhausted",
             "epsilon_spent": float(self._charges[name].epsilon),
-            "horizon_ticks": stat.horizon_ticks,
-            "total_epsilon": self._cfg.privacy.total_epsilon,
+            "horizon_ticks": self._stats[name].horizon_ticks,
         }
+        return self._ledger_record(name, tick, fields)
 
     def _advance(
         self, state: Stage2State, name: str, tick: int, pending: Any
@@ -397,17 +393,16 @@ class Stage2:
         noise = self._noise_of(state.identity, name)
         step = counter.step(state.tree, pending or None, tick, noise)
         state.tree = step.state
-        common = {"schema_version": SCHEMA_VERSION, "statistic": name, "tick": tick}
-        total = {"total_epsilon": self._cfg.privacy.total_epsilon}
         return (
             [self._release_record(stat, tick, fields) for fields in step.releases],
-            [{**common, **entry, **total} for entry in step.ledger],
+            [self._ledger_record(name, tick, fields) for fields in step.ledger],
         )
 
     def _tick_end(self, tick: int) -> float:
         return (tick + 1) * self._cfg.ticks.interval_seconds
 
     def _release_record(self, stat: StatisticConfig, tick: int, fields: dict) -> dict:
+        """Every release of every statistic: the common fields around the kind's."""
         end = self._tick_end(tick)
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -432,7 +427,20 @@ class Stage2:
         """The neighbouring relation the statistic's guarantee is stated for."""
         return self._counters[name].neighbours or self._cfg.privacy.neighbours.value
 
-    def _ledger_entry(self, name: str, tick: int) -> dict:
+    def _ledger_record(self, name: str, tick: int, fields: dict[str, Any]) -> dict:
+        """A ledger entry of a statistic after its first: the common fields around the
+        entry's own (an expenditure, the budget spent)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "statistic": name,
+            "tick": tick,
+            **fields,
+            "total_epsilon": self._cfg.privacy.total_epsilon,
+        }
+
+    def _first_ledger_entry(self, name: str, tick: int) -> dict:
+        """The statistic's first ledger entry, at its first closed tick: what it charges
+        and its identity, completed by the kind (``Statistic.ledger_start``)."""
         stat = self._stats[name]
         counter = self._counters[name]
         entry = {
