@@ -29,6 +29,7 @@ from .drivers import Stage1Driver, Stage2Driver
 from .ingest import IngestFailed, IngestHandle
 from .kafka_security import faust_credentials
 from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
+from .stage2_state import Stage2State
 from .stages import Stage1, Stage2, StatisticChanged
 from .statistic import Report
 
@@ -241,12 +242,16 @@ def create_app(
     async def stage1_agent(stream: faust.StreamT) -> None:
         await crash_only("stage 1", stream, on_input)
 
+    def stored_stage2_state(statistic: str) -> Stage2State | None:
+        stored = stage2_state.get(statistic)
+        return None if stored is None else Stage2State.from_json(stored)
+
     async def handle_report(
         partition: int, offset: int, value: bytes, in_gap: bool = False
     ) -> None:
         report = Report.from_json(orjson.loads(value))
-        sstate = stage2_state.get(report.statistic) or Stage2.new_state()
-        start = None if in_gap else driver2.missing_reports(sstate, report)
+        state = stored_stage2_state(report.statistic) or Stage2.new_state()
+        start = None if in_gap else driver2.missing_reports(state, report)
         if start is not None:
             # A report of this statistic and stage-1 partition went missing: the same
             # consumer holes as in stage 1 (fill_gap). Read the stage-2 partition since
@@ -255,7 +260,7 @@ def create_app(
                 "stage 2, %s: reports after tick %s missing; reading stage-2 partition %s "
                 "offsets %s-%s directly",
                 report.statistic,
-                sstate["reported"][str(report.partition)],
+                state.reported[report.partition],
                 partition,
                 start,
                 offset - 1,
@@ -263,9 +268,9 @@ def create_app(
             missing = await read_hole(cfg.stage2_topic, partition, start, offset)
             for at, _, earlier, _ in missing:
                 await handle_report(partition, at, earlier, in_gap=True)
-            sstate = stage2_state.get(report.statistic) or sstate
+            state = stored_stage2_state(report.statistic) or state
         try:
-            releases, ledger = driver2.on_report(sstate, report, offset)
+            releases, ledger = driver2.on_report(state, report, offset)
         except StatisticChanged as exc:
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
@@ -276,7 +281,7 @@ def create_app(
             topic = release_topics[report.statistic]
             sent.append(await topic.send(key=key, value=orjson.dumps(release)))
         await acknowledged(sent)
-        stage2_state[report.statistic] = sstate
+        stage2_state[report.statistic] = state.to_json()
 
     async def on_report(event: faust.EventT) -> None:
         await handle_report(event.message.partition, event.message.offset, event.value)

@@ -13,11 +13,12 @@ index), the slot is ``tick // slot_ticks``. Slot s covers ticks
 **Which tick an event belongs to.** Stage 1 learns an event's tick only at the next
 marker (events between markers t-1 and t belong to t; after a gap, to the later marker).
 So an event is TAGGED with the partition's last marker L when it arrives, and the tag is
-resolved when the next marker m comes: tag L means tick m. The partition state keeps two
-numbers, ``last`` (L) and ``from`` (F): tags in [F, L) are resolved into the still-open
-slot of L, tag L is unresolved, tags below F belong to slots already sent. A user's state
-keeps at most two groups of aggregates, ``o`` (resolved, open slot; the smallest tag it
-holds) and ``p`` (one tag), so neither state grows with the slot's length.
+resolved when the next marker m comes: tag L means tick m. The partition state
+(``CellMarks``) keeps two numbers, L and F: tags in [F, L) are resolved into the
+still-open slot of L, tag L is unresolved, tags below F belong to slots already sent. A
+user's state (``CellUserState``) keeps at most two groups of aggregates, ``opened``
+(resolved, open slot; the smallest tag it holds) and ``pending`` (one tag), so neither
+state grows with the slot's length.
 
 **What stage 1 sends.** At a marker that closes a slot (the slot's last tick, or a marker
 past it after a gap) stage 1 scans its partition's users and sends every (cell, user)
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -54,6 +55,91 @@ log = logging.getLogger(__name__)
 
 Agg = list  # [count, total, [head...]] in grid units: one user's aggregate in one cell
 Cells = dict[str, Agg]  # cell key -> aggregate
+
+
+# The states are stored as JSON (stage 1's and stage 2's tables); each class's
+# ``to_json``/``from_json`` are the only code that knows its JSON form.
+
+
+@dataclass(frozen=True, slots=True)
+class CellMarks:
+    """A partition's markers: the last one (L, -1 before any) and the first open tag (F)."""
+
+    last: int = -1
+    first_open: int = -1
+
+    def to_json(self) -> dict[str, int]:
+        return {"last": self.last, "from": self.first_open}
+
+    @classmethod
+    def from_json(cls, data: Any) -> CellMarks:
+        return cls() if data is None else cls(int(data["last"]), int(data["from"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TaggedCells:
+    """One user's aggregates by cell, of the events tagged ``tag`` (or later)."""
+
+    tag: int
+    cells: Cells
+
+    def to_json(self) -> list:
+        return [self.tag, self.cells]
+
+    @classmethod
+    def from_json(cls, data: list) -> TaggedCells:
+        return cls(data[0], data[1])
+
+
+@dataclass(frozen=True, slots=True)
+class CellUserState:
+    """A user's aggregates: ``opened``, resolved into the open slot (the smallest tag it
+    holds), and ``pending``, of one tag not resolved yet."""
+
+    opened: TaggedCells | None = None
+    pending: TaggedCells | None = None
+
+    def to_json(self) -> dict[str, list]:
+        out = {}
+        if self.opened is not None:
+            out["o"] = self.opened.to_json()
+        if self.pending is not None:
+            out["p"] = self.pending.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> CellUserState:
+        if not data:
+            return cls()
+        opened, pending = data.get("o"), data.get("p")
+        return cls(
+            None if opened is None else TaggedCells.from_json(opened),
+            None if pending is None else TaggedCells.from_json(pending),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CellStage2State:
+    """Stage 2's state of a cell_mean statistic: the epoch ledger (the JSON of
+    ``cell_accountant.CellLedgerState``, None before the first slot), the last slot
+    released and how many slots' data came after their release (ignored)."""
+
+    ledger: dict[str, Any] | None = None
+    released_through: int | None = None
+    late_slots: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger,
+            "released_through": self.released_through,
+            "late_slots": self.late_slots,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> CellStage2State:
+        if data is None:
+            return cls()
+        return cls(data["ledger"], data["released_through"], data["late_slots"])
 
 
 @dataclass(frozen=True)
@@ -114,13 +200,6 @@ class CellMeanStatistic:
     def _ends_slot(self, tick: int) -> bool:
         return (tick + 1) % self.cells.slot_ticks == 0
 
-    @staticmethod
-    def _marks(pstate: Any) -> tuple[int, int]:
-        """(L, F): the last marker (-1 before any) and the first open tag."""
-        if pstate is None:
-            return -1, -1
-        return int(pstate["last"]), int(pstate["from"])
-
     # ----------------------------------------------------------------- stage 1
 
     def counts(self, event: Event) -> bool:
@@ -148,42 +227,36 @@ class CellMeanStatistic:
             out[cell] = agg if cell not in out else self._join(out[cell], agg)
         return out
 
-    def _settle(self, ustate: Any, last: int, first: int) -> dict[str, Any]:
-        """The user's state with its pending tag resolved (if it is) and stale data gone.
-
-        ``o``: [smallest tag, cells] resolved into the open slot; ``p``: [tag, cells]."""
-        if not ustate:
-            return {}
-        out: dict[str, Any] = {}
-        opened = ustate.get("o")
-        if opened is not None and first <= opened[0] < last:
-            out["o"] = opened
-        pending = ustate.get("p")
-        if pending is not None:
-            tag = pending[0]
-            if tag == last:
-                out["p"] = pending
-            elif first <= tag < last:  # resolved into the open slot, after ``o``'s values
-                if "o" in out:
-                    out["o"] = [out["o"][0], self._join_cells(out["o"][1], pending[1])]
+    def _settle(self, user: CellUserState, marks: CellMarks) -> CellUserState:
+        """The user's state with its pending tag resolved (if it is) and stale data gone."""
+        last, first = marks.last, marks.first_open
+        opened = user.opened
+        if opened is not None and not first <= opened.tag < last:
+            opened = None
+        pending = user.pending
+        if pending is not None and pending.tag != last:
+            if first <= pending.tag < last:  # resolved into the open slot, after ``opened``
+                if opened is None:
+                    opened = pending
                 else:
-                    out["o"] = pending
-        return out
+                    opened = TaggedCells(opened.tag, self._join_cells(opened.cells, pending.cells))
+            pending = None
+        return CellUserState(opened, pending)
 
     def apply(
         self, pstate: Any, ustate: Any, events: list[Event], partition: int
     ) -> tuple[Any, Any, Any]:
         """Fold the user's events into the aggregates of the current tag. The partition
         state is not touched (the tag is read from it), so there is nothing to redo."""
-        last, first = self._marks(pstate)
-        state = self._settle(ustate, last, first)
-        tag, cells = state.get("p", [last, {}])
-        cells = {k: list(v) for k, v in cells.items()}
+        marks = CellMarks.from_json(pstate)
+        user = self._settle(CellUserState.from_json(ustate), marks)
+        tagged = user.pending or TaggedCells(marks.last, {})
+        cells = dict(tagged.cells)
         field = self.cells.field
         for event in events:
             self._fold(cells, event.user_id, event.cell(field), event.value)  # type: ignore[arg-type]
-        state["p"] = [tag, cells]
-        return pstate, state, None
+        user = CellUserState(user.opened, TaggedCells(tagged.tag, cells))
+        return pstate, user.to_json(), None
 
     def redo(self, pstate: Any, redo: Any, partition: int) -> Any:
         return pstate
@@ -192,7 +265,8 @@ class CellMeanStatistic:
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any
     ) -> tuple[Any, Any]:
         """At marker ``tick``: send the (cell, user) aggregates of every slot that closes."""
-        last, first = self._marks(pstate)
+        marks = CellMarks.from_json(pstate)
+        last, first = marks.last, marks.first_open
         open_closes = first < last and (self._ends_slot(tick) or self.slot(tick) != self.slot(last))
         pending_closes = self._ends_slot(tick)
         if self._ends_slot(tick):
@@ -201,7 +275,7 @@ class CellMeanStatistic:
             new_first = first  # tag ``last`` joins the tags already in this open slot
         else:
             new_first = last
-        new_pstate = {"last": tick, "from": new_first}
+        new_pstate = CellMarks(tick, new_first).to_json()
         if not (open_closes or pending_closes):
             return new_pstate, None
         out: dict[str, dict[str, dict[str, Agg]]] = {}
@@ -213,11 +287,12 @@ class CellMeanStatistic:
                 row[user] = agg if user not in row else self._join(row[user], agg)
 
         for user, ustate in users():
-            state = self._settle(ustate, last, first)  # resolves tags below ``last`` only
-            if open_closes and "o" in state:
-                add(self.slot(last), user, state["o"][1])
-            if pending_closes and "p" in state and state["p"][0] == last:
-                add(self.slot(tick), user, state["p"][1])
+            # Resolves tags below ``last`` only: a pending tag left is ``last``.
+            state = self._settle(CellUserState.from_json(ustate), marks)
+            if open_closes and state.opened is not None:
+                add(self.slot(last), user, state.opened.cells)
+            if pending_closes and state.pending is not None:
+                add(self.slot(tick), user, state.pending.cells)
         return new_pstate, ({"slots": out} if out else None)
 
     # ----------------------------------------------------------------- stage 2
@@ -240,8 +315,8 @@ class CellMeanStatistic:
                     mine[user] = agg if user not in mine else self._join(mine[user], agg)
         return {"slots": out}
 
-    def step(self, sstate: Any, payload: Any, tick: int, noise: NoiseSource) -> Step:
-        state = sstate or {"ledger": None, "released_through": None, "late_slots": 0}
+    def step(self, state_json: Any, payload: Any, tick: int, noise: NoiseSource) -> Step:
+        state = CellStage2State.from_json(state_json)
         data = payload["slots"] if payload else {}
         slots = {int(s) for s in data}
         if not self.cells.counts_public and self._ends_slot(tick):
@@ -249,26 +324,29 @@ class CellMeanStatistic:
         fields: list[dict] = []
         ledger: list[dict] = []
         for slot in sorted(slots):
-            done = state["released_through"]
+            done = state.released_through
             if done is not None and slot <= done:
                 # Never applied to a released cell: a release is never redrawn.
-                state["late_slots"] += 1
+                state = replace(state, late_slots=state.late_slots + 1)
                 log.warning("statistic %s: data for released slot %s ignored", self.name, slot)
                 continue
-            out, entry = self._release_slot(state, slot, tick, data.get(str(slot), {}), noise)
-            state["released_through"] = slot
+            out, entry, book = self._release_slot(
+                state.ledger, slot, tick, data.get(str(slot), {}), noise
+            )
+            state = replace(state, ledger=to_json(book), released_through=slot)
             fields.extend(out)
             ledger.append(entry)
-        return Step(state, tuple(fields), tuple(ledger))
+        return Step(state.to_json(), tuple(fields), tuple(ledger))
 
     def _release_slot(
-        self, state: dict, slot: int, tick: int, data: dict, noise: NoiseSource
-    ) -> tuple[list[dict], dict]:
+        self, book_json: dict | None, slot: int, tick: int, data: dict, noise: NoiseSource
+    ) -> tuple[list[dict], dict, acct.CellLedgerState]:
+        """(release fields, ledger entry, epoch ledger after it) of one slot."""
         epoch = slot // self.cells.epoch_slots
         book = (
             acct.init(self.accountant, epoch)
-            if state["ledger"] is None
-            else from_json(acct.CellLedgerState, state["ledger"])
+            if book_json is None
+            else from_json(acct.CellLedgerState, book_json)
         )
         if epoch > book.epoch:
             book = acct.start_epoch(self.accountant, book, epoch)
@@ -337,7 +415,6 @@ class CellMeanStatistic:
             released.append(self._fields(outcome.release, key, slot, epoch))
         if self.clip is not None:
             dropped_pairs += sum(1 for key in keys for u in removed.get(key, set()) if u in capped)
-        state["ledger"] = to_json(book)
         if capped:
             log.warning(
                 "statistic %s: %d user(s) reached the epoch cap B=%s in epoch %s; dropped "
@@ -373,7 +450,7 @@ class CellMeanStatistic:
                 "only; users at the epoch cap are dropped (spend nothing more this epoch) "
                 "and the worker logs it"
             )
-        return released, entry
+        return released, entry, book
 
     def _cell_id(self, key: str, slot: int) -> tuple[str | int, ...]:
         return (self.name, key, slot)

@@ -192,11 +192,34 @@ def distinct_values(weights: dict[str, int]) -> list[list[str]]:
     return [sorted(values) for values in by_band]
 
 
+@dataclass(frozen=True, slots=True)
+class UserLevelState:
+    """Stage 2's state of a tau: auto statistic: the operator state's JSON, what its
+    tracker and instance series had spent after the last tick (epsilon, as floats), and,
+    for distinct, m(v): the band of each value's first occurrence. ``to_json`` and
+    ``from_json`` are the only code that knows its JSON form."""
+
+    operator: dict[str, Any] | None = None
+    spent: dict[str, float] | None = None
+    min_band: dict[str, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {} if self.min_band is None else {"min_band": self.min_band}
+        out["operator"] = self.operator
+        out["spent"] = self.spent
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> UserLevelState:
+        if data is None:
+            return cls()
+        return cls(data["operator"], data["spent"], data.get("min_band"))
+
+
 @dataclass(frozen=True)
 class UserLevelCounter(WeightsStage2):
-    """A tau: auto statistic: its operator module and spec; the state in stage 2's table
-    is the operator state's JSON (plus m(v), the first-occurrence bands, for distinct).
-    Stage 1 counts each user's units by rank band (``UnitCounting``)."""
+    """A tau: auto statistic: its operator module and spec; its state in stage 2 is a
+    ``UserLevelState``. Stage 1 counts each user's units by rank band (``UnitCounting``)."""
 
     stat: StatisticConfig
     module: ModuleType
@@ -218,17 +241,16 @@ class UserLevelCounter(WeightsStage2):
         """Advance one tick: the release and, when the tracker or instance series spent
         more this tick, a budget entry with what both have spent so far."""
         weights = pending or {}
-        state = dict(state or {})
-        old = state.get("operator")
-        op_state = self.module.init(self.spec) if old is None else self._load(old)
+        old = UserLevelState.from_json(state)
+        op_state = self.module.init(self.spec) if old.operator is None else self._load(old.operator)
         bands, crossings = parse_weights(weights, "+")
+        min_band = old.min_band
         if self.stat.kind == "distinct":
-            min_band = dict(state.get("min_band", {}))
+            min_band = dict(min_band or {})
             updates, units = distinct_count.first_occurrence_units(
                 min_band, distinct_values(weights)
             )
             min_band.update(updates)
-            state["min_band"] = min_band
             op_state, rel = distinct_count.step(self.spec, op_state, units, crossings, noise)
         elif self.stat.deletions:
             del_bands, del_crossings = parse_weights(weights, "-")
@@ -237,14 +259,12 @@ class UserLevelCounter(WeightsStage2):
             )
         else:
             op_state, rel = self.module.step(self.spec, op_state, bands, crossings, noise)
-        state["operator"] = state_codec.to_json(op_state)
         tracker, instances = self.series_spent(op_state)
         fields: dict[str, Any] = {"step": rel.t, **self._values(rel)}
         fields["epsilon_spent"] = float(tracker + instances)
         spent = {"tracker_epsilon": float(tracker), "instances_epsilon": float(instances)}
-        changed = spent != state.get("spent")
-        state["spent"] = spent
-        if not changed:
+        state = UserLevelState(state_codec.to_json(op_state), spent, min_band).to_json()
+        if spent == old.spent:
             return Step(state, (fields,))
         # The accountant: what the tracker and instance series have committed so far.
         entry = {

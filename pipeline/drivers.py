@@ -24,6 +24,7 @@ from .records import (
     decode_envelope,
     decode_tick,
 )
+from .stage2_state import Stage2State
 from .stages import Stage1, Stage2, users_of_partition
 from .statistic import Report
 
@@ -136,7 +137,7 @@ class Stage2Driver:
         self.stage2 = Stage2(cfg, noise, partitions)
 
     @staticmethod
-    def missing_reports(sstate: dict, report: Report) -> int | None:
+    def missing_reports(state: Stage2State, report: Report) -> int | None:
         """The stage-2 offset to read from when reports of this statistic and stage-1
         partition went missing before ``report`` (a consumer hole), else None.
 
@@ -148,16 +149,17 @@ class Stage2Driver:
         partition's report skipped before that (it would be absorbed out of order).
         A hole before a partition's FIRST report of a statistic cannot be told from a
         start; Faust's holes come at rebalances, when every partition has long reported."""
-        last = sstate["reported"].get(str(report.partition))
+        last = state.reported.get(report.partition)
         if last is not None and report.from_tick > last + 1:
-            return min(sstate.get("offsets", {}).values(), default=-1) + 1
+            return min(state.offsets.values(), default=-1) + 1
         return None
 
-    def on_report(self, sstate: dict, report: Report, offset: int) -> tuple[list[dict], list[dict]]:
+    def on_report(
+        self, state: Stage2State, report: Report, offset: int
+    ) -> tuple[list[dict], list[dict]]:
         """(releases, ledger entries) of every tick report ``offset`` closes."""
-        part = str(report.partition)
-        last = sstate["reported"].get(part)
-        out = self.stage2.on_report(sstate, report)
+        last = state.reported.get(report.partition)
+        out = self.stage2.on_report(state, report)
         if last is None or report.tick > last:  # absorbed, not a re-delivered copy
-            sstate.setdefault("offsets", {})[part] = offset
+            state.offsets[report.partition] = offset
         return out

@@ -104,6 +104,24 @@ class WholeUserMeanStatistic(WeightsStage2):
         return own_caps(entry, start)
 
 
+@dataclass(frozen=True, slots=True)
+class MeanRedo:
+    """What one record did to the partition's state, to do again (``Statistic.redo``):
+    whether it admitted the user, and its samples' effects. Stored as JSON in the user's
+    entry; ``to_json``/``from_json`` are the only code that knows that form."""
+
+    admitted: bool
+    effects: tuple[cm.SampleEffect, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"admitted": self.admitted, "effects": [to_json(e) for e in self.effects]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MeanRedo:
+        effects = tuple(from_json(cm.SampleEffect, e) for e in data["effects"])
+        return cls(data["admitted"], effects)
+
+
 @dataclass(frozen=True)
 class ContinualMeanStatistic:
     """A ``kind: mean`` statistic under ``public_counts: true`` (George et al.), with
@@ -157,15 +175,14 @@ class ContinualMeanStatistic:
             user, effect = cm.observe(self.spec, part, user, event.value)  # type: ignore[arg-type]
             effects.append(effect)
         part = cm.absorb(self.spec, part, effects)
-        redo = {"admitted": admitted, "effects": [to_json(e) for e in effects]}
-        return to_json(part), to_json(user), redo
+        return to_json(part), to_json(user), MeanRedo(admitted, tuple(effects)).to_json()
 
     def redo(self, pstate: Any, redo: Any, partition: int) -> Any:
         part = self._partition(pstate, partition)
-        if redo["admitted"]:
+        record = MeanRedo.from_json(redo)
+        if record.admitted:
             part, _ = cm.admit(self.spec, part)
-        effects = [from_json(cm.SampleEffect, e) for e in redo["effects"]]
-        return to_json(cm.absorb(self.spec, part, effects))
+        return to_json(cm.absorb(self.spec, part, record.effects))
 
     def close_tick(
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any

@@ -7,7 +7,8 @@ and releases. Each statistic is a ``statistic.Statistic`` built by the registry 
 (``kinds.py``); this module calls only the contract, never a kind. All DP math lives in
 ``operators``; this module only routes numbers.
 
-States are plain JSON-able dicts with string keys, because they live in Faust tables.
+Stage 1's states are plain JSON-able dicts with string keys, because they live in a Faust
+table; stage 2's is a ``Stage2State``, stored as its JSON.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 from .counting import UnitColumns, add_weights
 from .kinds import statistic_for
 from .records import Batch, Event, partition_for
+from .stage2_state import Stage2State, StatisticIdentity
 from .statistic import Report, Statistic, Users
 
 log = logging.getLogger(__name__)
@@ -287,79 +289,68 @@ class Stage2:
         statement = cfg.privacy_statement()
         self._charges = {c.statistic: c for c in statement.charges}
 
-    def _check_identity(self, sstate: dict, name: str) -> None:
-        identity = sstate.get("identity")
+    def _check_identity(self, state: Stage2State, name: str) -> None:
+        identity = state.identity
         if identity is None:
-            if sstate["last_closed"] is not None:
+            if state.last_closed is not None:
                 raise StatisticChanged(
                     f"statistic {name}: its state has released ticks but no identity (made "
                     "by an older dpstream); its noise cannot be re-derived: run it under a "
                     "new app_id or name"
                 )
             return
-        if identity["fingerprint"] != self._fingerprints[name]:
-            changed = accounting.changed_fields(identity.get("parameters", {}), self._params[name])
+        if identity.fingerprint != self._fingerprints[name]:
+            changed = accounting.changed_fields(identity.parameters, self._params[name])
             raise StatisticChanged(
                 f"statistic {name}: its state was made with other parameters "
                 f"({', '.join(changed) or 'fingerprint'} changed); a changed statistic is a "
                 "new statistic: give it a new name"
             )
 
-    def _noise_of(self, sstate: dict, name: str) -> NoiseSource:
-        identity = sstate["identity"]
-        scope = (self._cfg.app_id, name, identity["fingerprint"], identity["start_tick"])
+    def _noise_of(self, identity: StatisticIdentity, name: str) -> NoiseSource:
+        scope = (self._cfg.app_id, name, identity.fingerprint, identity.start_tick)
         return ScopedNoise(self._noise, scope)
 
     @staticmethod
-    def new_state() -> dict:
-        return {
-            "reported": {},  # partition -> last tick reported
-            "first": {},  # partition -> first tick reported
-            "pending": {},  # tick -> summed weight of the partitions that reported it
-            "last_closed": None,
-            "tree": None,  # the mechanism's state, once the first tick closes
-            "identity": None,  # fingerprint, parameters and start tick, at the first close
-            "offsets": {},  # partition -> stage-2 offset of its last absorbed report
-        }
+    def new_state() -> Stage2State:
+        return Stage2State()
 
-    def on_report(self, sstate: dict, report: Report) -> tuple[list[dict], list[dict]]:
+    def on_report(self, state: Stage2State, report: Report) -> tuple[list[dict], list[dict]]:
         """Absorb one report; return (releases, ledger entries) for every tick it closes."""
-        self._check_identity(sstate, report.statistic)
-        part = str(report.partition)
-        last = sstate["reported"].get(part)
+        name = report.statistic
+        self._check_identity(state, name)
+        last = state.reported.get(report.partition)
         if last is not None and report.tick <= last:
             return [], []  # re-delivered report: already counted
-        sstate["first"].setdefault(part, report.from_tick)
-        sstate["reported"][part] = report.tick
-        counter = self._counters[report.statistic]
+        state.first.setdefault(report.partition, report.from_tick)
+        state.reported[report.partition] = report.tick
+        counter = self._counters[name]
         for tick, part in counter.parts(report):
-            key = str(min(max(tick, report.from_tick), report.tick))
-            old = sstate["pending"].get(key)
-            sstate["pending"][key] = part if old is None else counter.merge(old, part)
-        if len(sstate["reported"]) < self._partitions:
+            at = min(max(tick, report.from_tick), report.tick)
+            old = state.pending.get(at)
+            state.pending[at] = part if old is None else counter.merge(old, part)
+        if len(state.reported) < self._partitions:
             return [], []
-        origin = min(sstate["first"].values())
-        upto = min(sstate["reported"].values())
-        start = origin if sstate["last_closed"] is None else sstate["last_closed"] + 1
+        origin = min(state.first.values())
+        upto = min(state.reported.values())
+        start = origin if state.last_closed is None else state.last_closed + 1
         releases, ledger = [], []
         for tick in range(start, upto + 1):
-            if sstate["last_closed"] is None:
-                sstate["identity"] = {
-                    "fingerprint": self._fingerprints[report.statistic],
-                    "parameters": self._params[report.statistic],
-                    "start_tick": tick,
-                }
-                ledger.append(self._ledger_entry(report.statistic, tick))
-            pending = sstate["pending"].pop(str(tick), None)
-            sstate["last_closed"] = tick
-            if sstate.get("exhausted"):
+            if state.last_closed is None:
+                state.identity = StatisticIdentity(
+                    self._fingerprints[name], self._params[name], tick
+                )
+                ledger.append(self._first_ledger_entry(name, tick))
+            pending = state.pending.pop(tick, None)
+            state.last_closed = tick
+            if state.exhausted is not None:
                 continue  # its budget is spent: nothing more is released, ever
-            if self._budget_spent_before(report.statistic, tick - origin + 1):
-                sstate["exhausted"] = tick
-                releases.append(self._exhausted_marker(report.statistic, tick))
-                ledger.append(self._exhausted_entry(report.statistic, tick))
+            if self._budget_spent_before(name, tick - origin + 1):
+                state.exhausted = tick
+                releases.append(self._exhausted_marker(name, tick))
+                ledger.append(self._exhausted_entry(name, tick))
                 continue
-            out, entries = self._advance(sstate, report.statistic, tick, pending)
+            out, entries = self._advance(state, name, tick, pending)
             releases.extend(out)
             ledger.extend(entries)
         return releases, ledger
@@ -387,36 +378,33 @@ class Stage2:
         return self._release_record(stat, tick, fields)
 
     def _exhausted_entry(self, name: str, tick: int) -> dict:
-        stat = self._stats[name]
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "statistic": name,
-            "tick": tick,
+        fields = {
             "event": "exhausted",
             "epsilon_spent": float(self._charges[name].epsilon),
-            "horizon_ticks": stat.horizon_ticks,
-            "total_epsilon": self._cfg.privacy.total_epsilon,
+            "horizon_ticks": self._stats[name].horizon_ticks,
         }
+        return self._ledger_record(name, tick, fields)
 
     def _advance(
-        self, sstate: dict, name: str, tick: int, pending: Any
+        self, state: Stage2State, name: str, tick: int, pending: Any
     ) -> tuple[list[dict], list[dict]]:
         """One closed tick: (releases, ledger entries). ``pending`` is the tick's merged
         parts (None or empty when nothing came)."""
         counter, stat = self._counters[name], self._stats[name]
-        step = counter.step(sstate["tree"], pending or None, tick, self._noise_of(sstate, name))
-        sstate["tree"] = step.state
-        common = {"schema_version": SCHEMA_VERSION, "statistic": name, "tick": tick}
-        total = {"total_epsilon": self._cfg.privacy.total_epsilon}
+        assert state.identity is not None  # set when the first tick closed
+        noise = self._noise_of(state.identity, name)
+        step = counter.step(state.tree, pending or None, tick, noise)
+        state.tree = step.state
         return (
             [self._release_record(stat, tick, fields) for fields in step.releases],
-            [{**common, **entry, **total} for entry in step.ledger],
+            [self._ledger_record(name, tick, fields) for fields in step.ledger],
         )
 
     def _tick_end(self, tick: int) -> float:
         return (tick + 1) * self._cfg.ticks.interval_seconds
 
     def _release_record(self, stat: StatisticConfig, tick: int, fields: dict) -> dict:
+        """Every release of every statistic: the common fields around the kind's."""
         end = self._tick_end(tick)
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -441,7 +429,20 @@ class Stage2:
         """The neighbouring relation the statistic's guarantee is stated for."""
         return self._counters[name].neighbours or self._cfg.privacy.neighbours.value
 
-    def _ledger_entry(self, name: str, tick: int) -> dict:
+    def _ledger_record(self, name: str, tick: int, fields: dict[str, Any]) -> dict:
+        """A ledger entry of a statistic after its first: the common fields around the
+        entry's own (an expenditure, the budget spent)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "statistic": name,
+            "tick": tick,
+            **fields,
+            "total_epsilon": self._cfg.privacy.total_epsilon,
+        }
+
+    def _first_ledger_entry(self, name: str, tick: int) -> dict:
+        """The statistic's first ledger entry, at its first closed tick: what it charges
+        and its identity, completed by the kind (``Statistic.ledger_start``)."""
         stat = self._stats[name]
         counter = self._counters[name]
         entry = {

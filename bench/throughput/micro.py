@@ -108,9 +108,9 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
                     "statistic": stat.name,
                     "mechanism": stat.mechanism,
                     "ticks": t_max,
-                    "json_bytes": len(orjson.dumps(sstate)),
-                    "python_bytes": deep_size(sstate),
-                    "tree_json_bytes": len(orjson.dumps(sstate.get("tree"))),
+                    "json_bytes": len(orjson.dumps(sstate.to_json())),
+                    "python_bytes": deep_size(sstate.to_json()),  # what the table holds
+                    "tree_json_bytes": len(orjson.dumps(sstate.tree)),
                 }
             )
     return {

@@ -5,6 +5,7 @@ with other parameters; exact counts appear only under a public-counts statement.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import random
 
@@ -14,6 +15,7 @@ import pytest
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stage2_state import Stage2State
 from dpstream.pipeline.stages import Stage2, StatisticChanged
 from dpstream.pipeline.statistic import Report
 
@@ -100,10 +102,10 @@ def test_a_restart_from_stored_state_releases_what_an_uninterrupted_run_does():
     for i, rep in enumerate(reports):
         if i % 7 == 0:  # a new worker: fresh objects, the state as stored (JSON)
             stage2 = Stage2(cfg, KeyedNoise(KEY), 2)
-            state = orjson.loads(orjson.dumps(state))
+            state = Stage2State.from_json(orjson.loads(orjson.dumps(state.to_json())))
         resumed += stage2.on_report(state, rep)[0]
     assert straight == resumed and len(straight) == 20
-    assert state["identity"]["start_tick"] == 50
+    assert state.identity.start_tick == 50
 
 
 def test_stage2_refuses_state_made_with_other_parameters():
@@ -112,7 +114,7 @@ def test_stage2_refuses_state_made_with_other_parameters():
     Stage2(old, ZeroNoise(), 1).on_report(state, Report("events", 0, 7, 7, {"w": 1}))
     with pytest.raises(StatisticChanged, match=r"statistic.epsilon changed"):
         Stage2(new, ZeroNoise(), 1).on_report(state, Report("events", 0, 8, 8, {"w": 1}))
-    legacy = {**state, "identity": None}  # released ticks, made before identities
+    legacy = dataclasses.replace(state, identity=None)  # released ticks, made before identities
     with pytest.raises(StatisticChanged, match="no identity"):
         Stage2(old, ZeroNoise(), 1).on_report(legacy, Report("events", 0, 8, 8, {"w": 1}))
 

@@ -1,0 +1,102 @@
+"""Stage 2's state of one statistic (``Stage2State``) and its JSON form.
+
+The Faust table ``stage2`` stores ``Stage2State.to_json()``, and its changelog is what a
+restarted worker recovers and what inspection tools read, so the JSON form is fixed: the
+keys, their order and the value types below are the stored bytes. ``to_json`` and
+``from_json`` are the only code that knows those keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StatisticIdentity:
+    """What a statistic's noise is bound to, fixed when its first tick closes: the
+    fingerprint of its parameters (and the parameters, to name what changed), and that
+    tick."""
+
+    fingerprint: str
+    parameters: dict[str, Any]
+    start_tick: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "parameters": self.parameters,
+            "start_tick": self.start_tick,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StatisticIdentity:
+        return cls(data["fingerprint"], data["parameters"], data["start_tick"])
+
+
+@dataclass(slots=True)
+class Stage2State:
+    """One statistic's tick barrier and mechanism state.
+
+    A plain mutable dataclass, not a frozen one: one report changes up to six of its
+    fields, tick after tick of the ticks it closes, and the drivers (the worker, replay)
+    hand stage 2 one state that it advances in place. A frozen state would copy its four
+    maps on every report for no safety gained: the worker stores the state (its JSON) only
+    after every output of the report is acknowledged, and exits on any error before that.
+
+    Partitions and ticks are ints here and strings in the JSON form (JSON object keys).
+    """
+
+    reported: dict[int, int] = field(default_factory=dict)
+    """Stage-1 partition -> the last tick it reported."""
+    first: dict[int, int] = field(default_factory=dict)
+    """Stage-1 partition -> the first tick it reported."""
+    pending: dict[int, Any] = field(default_factory=dict)
+    """Tick -> the merged parts of the partitions that reported it (``Statistic.merge``)."""
+    last_closed: int | None = None
+    tree: Any = None
+    """The kind's own state (plain JSON, ``Step.state``), once the first tick closes."""
+    identity: StatisticIdentity | None = None
+    offsets: dict[int, int] = field(default_factory=dict)
+    """Stage-1 partition -> the stage-2 offset of its last absorbed report."""
+    exhausted: int | None = None
+    """The tick at which an expiring statistic's lifetime budget was spent."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "reported": _string_keys(self.reported),
+            "first": _string_keys(self.first),
+            "pending": _string_keys(self.pending),
+            "last_closed": self.last_closed,
+            "tree": self.tree,
+            "identity": None if self.identity is None else self.identity.to_json(),
+            "offsets": _string_keys(self.offsets),
+        }
+        if self.exhausted is not None:  # written only once it happened
+            out["exhausted"] = self.exhausted
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Stage2State:
+        # States stored before identities (the worker refuses them once they have
+        # released) and before offsets have no such keys.
+        identity = data.get("identity")
+        return cls(
+            reported=_int_keys(data["reported"]),
+            first=_int_keys(data["first"]),
+            pending=_int_keys(data["pending"]),
+            last_closed=data["last_closed"],
+            tree=data["tree"],
+            identity=None if identity is None else StatisticIdentity.from_json(identity),
+            offsets=_int_keys(data.get("offsets", {})),
+            exhausted=data.get("exhausted"),
+        )
+
+
+def _string_keys(by_number: Mapping[int, Any]) -> dict[str, Any]:
+    return {str(number): value for number, value in by_number.items()}
+
+
+def _int_keys(by_string: Mapping[str, Any]) -> dict[int, Any]:
+    return {int(key): value for key, value in by_string.items()}
