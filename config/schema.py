@@ -216,17 +216,24 @@ Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 
 
 @dataclass(frozen=True, slots=True)
-class KindParameters:
-    """Which of a statistic's parameters its kind takes (``StatisticConfig`` checks them).
+class KindEntry:
+    """One kind: the module that implements it, and what config validation and the event
+    checks need to know of it.
 
-    ``section``: the kind is bounded by the caps of its own section (``mean``, ``cells``),
-    which it requires and no other kind takes; tau and the tree parameters do not apply.
-    ``values``: its event values are integers in [1, R], R given by this field
-    (``max_value``, ``bins``). ``rank``: it takes ``rank`` and ``halve_margin``.
-    ``fixed_tau``: an integer tau (Alg. 3) is allowed besides tau: auto. ``deletions``:
-    ``deletions: true`` is supported (tau: auto).
+    ``implementation``: the import path of its module in the pipeline, which has
+    ``make_statistic(stat, cfg)`` (its ``pipeline.statistic.Statistic``) and
+    ``describe(stat, cfg)`` (one line for ``dpstream check-config``); ``pipeline.kinds``
+    imports it by this name when a statistic of the kind is first built. ``needs_value``:
+    its events must carry a value. ``section``: the kind is bounded by the caps of its own
+    section (``mean``, ``cells``), which it requires and no other kind takes; tau and the
+    tree parameters do not apply. ``values``: its event values are integers in [1, R], R
+    given by this field (``max_value``, ``bins``). ``rank``: it takes ``rank`` and
+    ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides tau: auto.
+    ``deletions``: ``deletions: true`` is supported (tau: auto).
     """
 
+    implementation: str
+    needs_value: bool = True
     section: str | None = None
     values: str | None = None
     rank: bool = False
@@ -234,22 +241,27 @@ class KindParameters:
     deletions: bool = True
 
 
-# The kinds the schema accepts, and their parameters. Each kind's implementation is in
-# pipeline/kinds.py's registry (tests/pipeline/test_kinds.py checks the two agree).
-KIND_PARAMETERS: dict[str, KindParameters] = {
-    "count": KindParameters(fixed_tau=True),
-    "sum": KindParameters(values="max_value", fixed_tau=True),
-    "histogram": KindParameters(values="bins"),
-    "kselect": KindParameters(values="bins", rank=True, deletions=False),
-    "distinct": KindParameters(deletions=False),
-    "mean": KindParameters(section="mean"),
-    "cell_mean": KindParameters(section="cells"),
+_COUNTERS = "dpstream.pipeline.counters"
+
+# The registry of kinds: the kinds the schema accepts, each with its implementation and
+# parameters; adding a kind is its module plus one line here. Config validation, the
+# worker, replay and check-config all read it (the last three through pipeline/kinds.py).
+# The implementations are named as strings because the config package never imports the
+# pipeline (tests/test_import_graph.py), and pipeline/kinds.py imports them by name.
+KINDS: dict[str, KindEntry] = {
+    "count": KindEntry(_COUNTERS, needs_value=False, fixed_tau=True),
+    "sum": KindEntry(_COUNTERS, values="max_value", fixed_tau=True),
+    "histogram": KindEntry(_COUNTERS, values="bins"),
+    "kselect": KindEntry(_COUNTERS, values="bins", rank=True, deletions=False),
+    "distinct": KindEntry(_COUNTERS, deletions=False),
+    "mean": KindEntry("dpstream.pipeline.means", section="mean"),
+    "cell_mean": KindEntry("dpstream.pipeline.cells", section="cells"),
 }
-Kind = Literal[tuple(KIND_PARAMETERS)]  # type: ignore[valid-type]
+Kind = Literal[tuple(KINDS)]  # type: ignore[valid-type]
 
 
-def _kinds_with(test: Callable[[KindParameters], bool]) -> list[str]:
-    return [kind for kind, params in KIND_PARAMETERS.items() if test(params)]
+def _kinds_with(test: Callable[[KindEntry], bool]) -> list[str]:
+    return [kind for kind, params in KINDS.items() if test(params)]
 
 
 def _only(field: str, kinds: list[str], kind: str) -> str:
@@ -529,7 +541,7 @@ class StatisticConfig(_Model):
     @property
     def own_caps(self) -> bool:
         """Bounded by its own section's caps (a mean, per-cell means), not by tau."""
-        return KIND_PARAMETERS[self.kind].section is not None
+        return KINDS[self.kind].section is not None
 
     @property
     def user_level(self) -> bool:
@@ -544,7 +556,7 @@ class StatisticConfig(_Model):
     @model_validator(mode="after")
     def _kind_parameters(self) -> StatisticConfig:
         kind = self.kind
-        params = KIND_PARAMETERS[kind]
+        params = KINDS[kind]
         for section in ("mean", "cells"):
             (owner,) = _kinds_with(lambda p, section=section: p.section == section)
             if (kind == owner) != (getattr(self, section) is not None):

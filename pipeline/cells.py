@@ -156,38 +156,6 @@ class CellMeanStatistic:
     neighbours: str
     counting: None = None
 
-    @classmethod
-    def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
-        cells = stat.cells
-        assert cells is not None
-        # Strict mode honours privacy.neighbours: any_subset doubles the sum's noise (the
-        # accountant refuses any_subset beside public counts).
-        any_subset = cfg.privacy.neighbours is Neighbours.any_subset
-        spec = cells.operator_spec(stat.epsilon, any_subset=any_subset)
-        clip = None
-        if cells.clip_user:
-            clip = clip_user.make_clip_user(
-                repr(cells.lower), repr(cells.upper), repr(cells.clip_kappa), True
-            )
-        arrays = spec.mechanism not in ("baseline", "noisy_ratio")
-        mechanism = f"{cm.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
-        # Public counts: the paper's neighbours (same count matrix, one user's values
-        # differ). Strict: a user's whole data added or removed, or any subset of it.
-        if cells.counts_public:
-            neighbours = "user_values_same_counts"
-        else:
-            neighbours = "any_subset" if spec.any_subset else "add_remove_user"
-        return cls(
-            stat.name,
-            stat.key,
-            cells,
-            spec,
-            cells.accountant_spec(),
-            clip,
-            mechanism,
-            neighbours,
-        )
-
     # ----------------------------------------------------------------- slots and ticks
 
     def slot(self, tick: int) -> int:
@@ -511,13 +479,46 @@ class CellMeanStatistic:
         return own_caps(entry, start)
 
 
-def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
+def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
+    """kind cell_mean: its mechanisms, epoch ledger and Clip-User from the config."""
+    cells = stat.cells
+    assert cells is not None
+    # Strict mode honours privacy.neighbours: any_subset doubles the sum's noise (the
+    # accountant refuses any_subset beside public counts).
+    any_subset = cfg.privacy.neighbours is Neighbours.any_subset
+    spec = cells.operator_spec(stat.epsilon, any_subset=any_subset)
+    clip = None
+    if cells.clip_user:
+        clip = clip_user.make_clip_user(
+            repr(cells.lower), repr(cells.upper), repr(cells.clip_kappa), True
+        )
+    arrays = spec.mechanism not in ("baseline", "noisy_ratio")
+    mechanism = f"{cm.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
+    # Public counts: the paper's neighbours (same count matrix, one user's values
+    # differ). Strict: a user's whole data added or removed, or any subset of it.
+    if cells.counts_public:
+        neighbours = "user_values_same_counts"
+    else:
+        neighbours = "any_subset" if spec.any_subset else "add_remove_user"
+    return CellMeanStatistic(
+        stat.name,
+        stat.key,
+        cells,
+        spec,
+        cells.accountant_spec(),
+        clip,
+        mechanism,
+        neighbours,
+    )
+
+
+def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What a cell_mean statistic computes, in one line (``dpstream check-config``)."""
-    c = s.cells
+    c = stat.cells
     assert c is not None
     mode = "public counts" if c.counts_public else "strict"
     return (
-        f"cell_mean via {c.mechanism} ({mode}), epsilon={s.epsilon:g} per cell, cells by "
+        f"cell_mean via {c.mechanism} ({mode}), epsilon={stat.epsilon:g} per cell, cells by "
         f"{c.field!r} x {c.slot_ticks}-tick slots, epoch_cap={c.epoch_cap:g} per "
         f"{c.epoch_slots} slots"
     )

@@ -31,7 +31,7 @@ from .counting import UnitCounting
 from .statistic import Statistic, Step, WeightsStage2
 
 
-def counter_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
+def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     """The statistic of a counting kind: a tree counter over the kept units for a fixed
     tau, the user-level mechanisms for tau: auto."""
     relation = cfg.privacy.neighbours.value
@@ -40,19 +40,19 @@ def counter_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     return counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
 
 
-def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
+def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What a counting statistic computes, in one line (``dpstream check-config``)."""
     params = "".join(
         f", {name}={value}"
         for name, value in (
-            ("k", s.k),
-            ("lambda", s.lam),
-            ("horizon_ticks", s.horizon_ticks),
-            ("key", s.key),
+            ("k", stat.k),
+            ("lambda", stat.lam),
+            ("horizon_ticks", stat.horizon_ticks),
+            ("key", stat.key),
         )
         if value is not None
     )
-    return f"{s.kind} via {s.mechanism}, epsilon={s.epsilon:g}, tau={s.tau}{params}"
+    return f"{stat.kind} via {stat.mechanism}, epsilon={stat.epsilon:g}, tau={stat.tau}{params}"
 
 
 @dataclass(frozen=True)

@@ -1,57 +1,47 @@
-"""The registry of statistic kinds: ``kind`` in a statistic's config -> its implementation.
+"""Statistic kinds: ``kind`` in a statistic's config -> its implementation.
+
+The registry itself is config/schema.py's ``KINDS``: one line per kind, naming the module
+that implements it and the parameters config validation allows it. Every implementation
+module (``counters``, ``means``, ``cells``) has the same two functions,
+``make_statistic(stat, cfg)`` (its ``pipeline.statistic.Statistic``) and
+``describe(stat, cfg)`` (one line); this module imports each by the name the registry
+gives, once per kind. The registry names modules as strings because the config package
+may not import the pipeline (tests/test_import_graph.py): an import there would be a
+cycle, since the pipeline imports config.
 
 Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statistic through
 ``statistic_for``, ``dpstream check-config`` describes it through ``describe``, and the
 ingest, the worker and replay check event values by ``value_rule``; nothing else
-dispatches on a kind. A new kind is its own module (a ``pipeline.statistic.Statistic``
-and a one-line description) plus one line here, and one line in config/schema.py's
-``KIND_PARAMETERS`` (which parameters it takes; the config package may not import this
-one), in the same order (tests/pipeline/test_kinds.py checks the two agree).
+dispatches on a kind. A new kind is its own module with those two functions plus one
+line in ``KINDS`` (tests/pipeline/test_kinds.py checks every entry's module).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
+from functools import cache
+from types import ModuleType
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
 
-from . import cells, counters, means
 from .records import ValueRule
 from .statistic import Statistic
 
 
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """One kind: how to build its statistic from the config, describe it in a line, and
-    whether its events must carry a value."""
-
-    make: Callable[[StatisticConfig, PipelineConfig], Statistic]
-    describe: Callable[[StatisticConfig, PipelineConfig], str]
-    needs_value: bool = True
-
-
-COUNTING = Kind(counters.counter_statistic, counters.describe)
-
-KINDS: dict[str, Kind] = {
-    "count": Kind(counters.counter_statistic, counters.describe, needs_value=False),
-    "sum": COUNTING,
-    "histogram": COUNTING,
-    "kselect": COUNTING,
-    "distinct": COUNTING,
-    "mean": Kind(means.mean_statistic, means.describe),
-    "cell_mean": Kind(cells.CellMeanStatistic.of, cells.describe),
-}
+@cache
+def implementation(kind: str) -> ModuleType:
+    """The module that implements ``kind``, as the registry names it (imported once)."""
+    return importlib.import_module(KINDS[kind].implementation)
 
 
 def statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     """The implementation of ``stat`` under the pipeline's settings."""
-    return KINDS[stat.kind].make(stat, cfg)
+    return implementation(stat.kind).make_statistic(stat, cfg)
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (its cost is the privacy statement's)."""
-    return KINDS[stat.kind].describe(stat, cfg)
+    return implementation(stat.kind).describe(stat, cfg)
 
 
 def value_rule(stat: StatisticConfig) -> ValueRule:

@@ -239,7 +239,7 @@ class ContinualMeanStatistic:
         return own_caps(entry, start)
 
 
-def mean_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
+def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     """kind mean: George et al.'s continual mean when the pipeline's counts are public
     (``privacy.public_counts: true``), else the whole-user mean."""
     if cfg.privacy.public_counts:
@@ -247,19 +247,19 @@ def mean_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     return WholeUserMeanStatistic.of(stat, cfg)
 
 
-def describe(s: StatisticConfig, cfg: PipelineConfig) -> str:
+def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What a mean computes, in one line (``dpstream check-config``)."""
-    m = s.mean
+    m = stat.mean
     assert m is not None
     if not cfg.privacy.public_counts:
         return (
             f"whole-user mean of values in [{m.lower:g}, {m.upper:g}] on {m.resolution} grid "
-            f"units, epsilon={s.epsilon:g} (half to the noisy count of kept samples, half to "
+            f"units, epsilon={stat.epsilon:g} (half to the noisy count of kept samples, half to "
             f"their noisy sum), each user's first {m.max_samples_per_user} samples; releases "
             "no exact count"
         )
     return (
         f"continual mean (George et al., Alg. 6) of values in [{m.lower:g}, {m.upper:g}], "
-        f"epsilon={s.epsilon:g}, at most {m.max_users} users x {m.max_samples_per_user} "
+        f"epsilon={stat.epsilon:g}, at most {m.max_users} users x {m.max_samples_per_user} "
         "samples"
     )

@@ -1,8 +1,8 @@
 """The contract every statistic kind implements (``Statistic``), what one closed tick
 gives (``Step``) and what stage 1 reports to stage 2 (``Report``).
 
-They live apart from the code that drives the stages (``stages.py``), from the registry
-of kinds (``kinds.py``) and from the implementations (``counters.py``, ``means.py``,
+They live apart from the code that drives the stages (``stages.py``), from the lookup of
+kinds (``kinds.py``) and from the implementations (``counters.py``, ``means.py``,
 ``cells.py``), so that each of those imports this module and none imports another's: no
 import cycles.
 """

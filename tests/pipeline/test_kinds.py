@@ -1,17 +1,19 @@
-"""The registry of kinds covers every kind the config schema accepts, and every
-implementation satisfies the ``Statistic`` contract in the form its stage 1 takes."""
+"""Every kind of the registry (config/schema.py's ``KINDS``) names a module that builds
+and describes it, and every implementation satisfies the ``Statistic`` contract in the
+form its stage 1 takes."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 import typing
 
 import pytest
 
-from dpstream.config.schema import KIND_PARAMETERS, Kind, parse_config
+from dpstream.config.schema import KINDS, Kind, parse_config
 from dpstream.operators.noise import ZeroNoise
-from dpstream.pipeline.kinds import KINDS, describe, statistic_for
+from dpstream.pipeline.kinds import describe, implementation, statistic_for
 from dpstream.pipeline.statistic import Counting, Report, Statistic, Step
 
 CELLS = {
@@ -55,9 +57,24 @@ def config(stat: dict, privacy: dict):
     )
 
 
-def test_the_registry_names_exactly_the_kinds_the_schema_accepts():
-    assert list(KINDS) == list(KIND_PARAMETERS) == list(typing.get_args(Kind))
+def test_the_schema_accepts_exactly_the_registry_kinds_and_the_cases_cover_them():
+    assert list(typing.get_args(Kind)) == list(KINDS)
     assert {case["kind"] for case, _ in CASES} == set(KINDS)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_names_a_module_with_both_functions(kind):
+    module = importlib.import_module(KINDS[kind].implementation)
+    assert implementation(kind) is module
+    # The signatures of the functions that call them: (stat: StatisticConfig, cfg:
+    # PipelineConfig), and describe returns a str.
+    for name, caller in (("make_statistic", statistic_for), ("describe", describe)):
+        function = getattr(module, name)
+        assert inspect.isfunction(function), (module, name)
+        got = inspect.signature(function, eval_str=True)
+        want = inspect.signature(caller, eval_str=True)
+        assert list(got.parameters.values()) == list(want.parameters.values()), (module, name)
+    assert inspect.signature(module.describe, eval_str=True).return_annotation is str
 
 
 def _methods(protocol: type) -> set[str]:
