@@ -180,11 +180,6 @@ def test_the_baselines_stay_out_of_the_production_import_path():
             assert not any(t.startswith("dpstream.operators.baselines") for t in targets), name
 
 
-# The container tests re-run three scenarios of other modules against a broker started
-# through testcontainers; the scenarios are still test functions there (issue 15, item 7).
-REUSES_TESTS = {"tests/integration/test_containers.py"}
-
-
 def imported_modules(source: str) -> set[str]:
     """Every module ``source`` imports, by dotted name, and every name it imports from a
     package (``from tests.integration import test_faults`` imports ``test_faults``)."""
@@ -213,8 +208,6 @@ def test_no_test_module_imports_conftest_or_another_test_module():
     # Shared helpers live in plain modules (tests/noise_doubles.py,
     # tests/integration/support.py) and fixtures in conftest plugins, which pytest loads.
     for path in sorted((ROOT / "tests").rglob("*.py")):
-        if str(path.relative_to(ROOT)) in REUSES_TESTS:
-            continue
         assert forbidden_imports(path.read_text(encoding="utf-8")) == [], path
 
 

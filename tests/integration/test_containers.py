@@ -4,7 +4,8 @@ testcontainers from ``$DPSTREAM_KAFKA_IMAGE`` (apache/kafka, or dpstream's own i
 
 Without a Docker engine these tests skip; CI runs them in a second pass with an engine and
 ``DPSTREAM_REQUIRE_CONTAINERS=1``, where a skip is a failure (``.ci/run``). The pipeline
-tests are the jar-broker suite's own, run again against the container.
+tests are scenarios the jar-broker suite runs too (crashes.py, scenarios.py), run again
+against the container.
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from dpstream.deploy.broker import (
     kafka_broker,
     kafka_image,
 )
+from tests.integration.crashes import worker_sigkill_restarts_zero_noise
+from tests.integration.scenarios import (
+    pipeline_equals_replay_with_the_same_key,
+    zero_noise_count_of_clicks,
+)
 from tests.integration.support import require_docker, round_trip
-from tests.integration.test_faults import (
-    test_worker_sigkill_restarts_zero_noise_releases_equal_truncated_counts as _sigkill_zero,
-)
-from tests.integration.test_pipeline import (
-    test_pipeline_equals_replay_with_the_same_key as _pipeline_equals_replay,
-)
-from tests.integration.test_plugin import test_zero_noise_count_of_clicks as _plugin_example
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
 
@@ -95,14 +94,14 @@ def test_container_image_not_pullable_falls_back_to_the_jar_broker(monkeypatch, 
 
 
 def test_container_pipeline_equals_replay(bootstrap, worker_factory, tmp_path):
-    _pipeline_equals_replay(bootstrap, worker_factory, tmp_path)
+    pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path)
 
 
 def test_container_worker_sigkill_restarts_equal_truncated_counts(bootstrap, tmp_path):
-    _sigkill_zero(bootstrap, tmp_path)
+    worker_sigkill_restarts_zero_noise(bootstrap, tmp_path)
 
 
 def test_container_under_the_plugin_fixtures(docker_engine, dpstream_pipeline):
     """The users' fixtures (kafka_broker, dpstream_pipeline) on the chooser's container; in
     CI, where containers are required, the chooser cannot have fallen back to the jars."""
-    _plugin_example(dpstream_pipeline)
+    zero_noise_count_of_clicks(dpstream_pipeline)

@@ -9,38 +9,29 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 
-import numpy as np
 import orjson
 import pytest
-from confluent_kafka import Producer
 
-from dpstream.pipeline.clients import export_log, make_producer, produce_events
+from dpstream.pipeline.clients import export_log
 from dpstream.pipeline.records import partition_for
-from dpstream.pipeline.synthetic import synthetic_events
 from dpstream.testing import unique_names
+from tests.integration.scenarios import USERS, drive, pipeline_equals_replay_with_the_same_key
 from tests.integration.support import (
     PARTITIONS,
-    TICK,
-    TopicReader,
     WorkerProcess,
     pipeline_config,
     readers,
     truncated_counts,
     wait_for_first_release,
-    wait_for_tick,
     worker_pool,
 )
 
 pytestmark = pytest.mark.integration
 
-USERS = 50
-ROUNDS = 24  # one round per tick: 12 s of traffic
 UNKNOWN_HEADER = "unknown dpstream header"
 
 
@@ -62,34 +53,6 @@ def bad_records(worker: WorkerProcess) -> list[tuple[bytes, dict, str]]:
         # Tick markers are the clock's, in dpstream's own topic: in a source, a forgery.
         (b'{"tick": 7}', {**topic_p, "headers": [("dpstream", b"tick")]}, UNKNOWN_HEADER),
     ]
-
-
-def drive(
-    bootstrap: str, worker: WorkerProcess, rd: dict[str, TopicReader], bad: list | None = None
-) -> int:
-    """Produce 24 rounds of traffic, one per tick; return the last tick that carried events."""
-    cfg = worker.cfg
-    producer = make_producer(bootstrap)
-    raw = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
-    # Every user at least once, then Zipf-like traffic where heavy users exceed tau.
-    events = [{"user_id": f"user-{u:05d}", "key": "view"} for u in range(USERS)]
-    events += synthetic_events(USERS, ROUNDS * 40 - USERS, seed=11)
-    good = 1  # the one good event inside the half-bad envelope below
-    bad = list(bad or [])
-    for i in range(ROUNDS):
-        chunk = events[i * 40 : (i + 1) * 40]
-        # Alternate single-event records and batch envelopes.
-        good += produce_events(producer, cfg, chunk, batch=1 if i % 2 else 8)
-        if bad and i >= 2:
-            value, kwargs, _ = bad.pop(0)
-            raw.produce(cfg.input.topics[0], value=value, **kwargs)
-        producer.flush(10)
-        raw.flush(10)
-        time.sleep(TICK)
-    assert not bad
-    last = math.floor(time.time() / TICK)
-    wait_for_tick(worker, rd, last + 1)
-    return good
 
 
 @pytest.fixture(scope="module")
@@ -195,52 +158,7 @@ def test_ledger_records_each_statistic_once(zero_noise_run):
 
 
 def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path):
-    key = np.random.default_rng(5).bytes(32).hex()
-    worker = worker_factory(
-        pipeline_config({"mode": "keyed", "key_env": "DPSTREAM_TEST_KEY"}),
-        env={"DPSTREAM_TEST_KEY": key},
-    )
-    rd = readers(bootstrap, worker)
-    try:
-        wait_for_first_release(worker, rd["views"])
-        drive(bootstrap, worker, rd)
-        pipeline = {s.name: rd[s.name].records[:] for s in worker.cfg.statistics}
-    finally:
-        for r in rd.values():
-            r.close()
-    # The same commands a user runs: export the input topic, replay it offline.
-    log_path = tmp_path / "events.jsonl"
-    cli = [sys.executable, "-m", "dpstream.pipeline.cli"]
-    subprocess.run(
-        [
-            *cli,
-            "export-log",
-            "--config",
-            str(worker.config_path),
-            "--bootstrap",
-            bootstrap,
-            "--out",
-            str(log_path),
-        ],
-        check=True,
-    )
-    out = subprocess.run(
-        [*cli, "replay", "--config", str(worker.config_path), "--events", str(log_path)],
-        check=True,
-        capture_output=True,
-        env={"DPSTREAM_TEST_KEY": key, "PATH": "/usr/bin:/bin"},
-    )
-    replayed: dict[str, list[bytes]] = defaultdict(list)
-    for line in out.stdout.splitlines():
-        replayed[orjson.loads(line)["statistic"]].append(line)
-    for name, released in pipeline.items():
-        assert len(released) >= 20
-        assert replayed[name][: len(released)] == released, name  # byte for byte
-        # Real noise: the keyed releases are not the exact counts.
-        zero = truncated_counts(log_path.read_bytes().splitlines(), worker.cfg)[name]
-        values = [orjson.loads(r) for r in released]
-        assert sum(v["value"] != zero.get(v["tick"], 0) for v in values) > len(values) // 2
-        assert all("insecure" not in v for v in values)
+    pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path)
 
 
 def test_tail_cli_prints_the_releases(zero_noise_run, bootstrap):
