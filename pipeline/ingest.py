@@ -465,6 +465,10 @@ class IngestHandle:
 def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | None = None) -> None:
     """An ingest until ``stop`` is set (or, in a child process, its worker is gone)."""
     if parent is not None:
+        # A terminal's Ctrl-C reaches the whole process group; this process stops when its
+        # worker has shut down cleanly (``stop``), or with the worker (``_die_with_parent``),
+        # not halfway through a batch with a KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _die_with_parent()
         logging.basicConfig(
             level=logging.INFO, format="[%(asctime)s] [ingest %(process)d] %(message)s"

@@ -15,7 +15,11 @@ count of what was produced:
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -390,3 +394,35 @@ def test_records_arriving_one_by_one_within_the_wait_go_out_as_one_batch(bootstr
     envelopes = [decode_envelope(value) for rows in sent.values() for _, _, value, _ in rows]
     assert sum(len(e.events) for e in envelopes) == 1 + records
     assert len(envelopes) - 1 <= cfg.input.partitions
+
+
+def test_ctrl_c_in_a_terminal_stops_the_worker_and_its_ingest_cleanly(bootstrap, tmp_path):
+    """A terminal's Ctrl-C sends SIGINT to the worker's whole process group, its ingest
+    child included: the worker shuts down, then stops its ingest, which closes cleanly
+    (no KeyboardInterrupt halfway through a batch), and the worker exits 0."""
+    data = unique_names(config([], [{"name": "n", "epsilon": 1.0, "tau": TAU}], {}))
+    cfg = parse_config(data)
+    path = tmp_path / "worker.yaml"
+    path.write_text(yaml.safe_dump(data))
+    log = tmp_path / "worker.log"
+    cmd = [sys.executable, "-m", "dpstream.pipeline.cli", "worker"]
+    cmd += ["--config", str(path), "--bootstrap", bootstrap]
+    with open(log, "wb") as out:  # its own process group, as a shell gives it
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = WorkerProcess(cfg, path, log, proc)
+    rd = readers(bootstrap, worker)
+    try:
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for i in range(20):
+            producer.produce(cfg.input.topics[0], orjson.dumps({"user_id": f"u{i}"}))
+        producer.flush()
+        wait_until(lambda: latest(rd["n"]) == 20, 90, "the events released", worker)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0, worker.log_tail()
+    finally:
+        for r in rd.values():
+            r.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    assert "KeyboardInterrupt" not in text and "Traceback" not in text, text[-3000:]
