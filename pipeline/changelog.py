@@ -187,21 +187,19 @@ class PartitionEntries(MutableMapping[str, dict]):
         return self._data.get(self._prefix + key, default)
 
     def __setitem__(self, key: str, value: dict) -> None:
-        key = self._prefix + key
-        self._data[key] = value
-        # Faust's memory store only learns a key's partition from recovery; with it, the
-        # entries of a revoked partition are dropped instead of lingering stale.
-        self._key_partition[key] = self._partition
-        self._window.add(self._partition, key, orjson.dumps(value))
+        self.update(((key, value),))
 
     def update(self, pairs: Iterable[tuple[str, dict]]) -> None:  # type: ignore[override]
-        """``self[key] = value`` for each (key, value), in order, in one call."""
+        """``self[key] = value`` for each (key, value), in order, in one call (stage 1
+        writes a record's users at once)."""
         data, key_partition, partition = self._data, self._key_partition, self._partition
         prefix, dumps = self._prefix, orjson.dumps
         items = []
         for key, value in pairs:
             key = prefix + key
             data[key] = value
+            # Faust's memory store only learns a key's partition from recovery; with it,
+            # the entries of a revoked partition are dropped instead of lingering stale.
             key_partition[key] = partition
             items.append((key, dumps(value)))
         self._window.add_many(partition, items)

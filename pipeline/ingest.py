@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 ENVELOPE_EVENTS = 2000
 ENVELOPE_BYTES = 512 * 1024
 LOG_SECONDS = 10.0
-new_tuple = tuple.__new__
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -335,7 +334,7 @@ class Ingest:
                 continue
             # tuple.__new__: without the NamedTuple's Python-level __new__ (per record).
             records.append(
-                new_tuple(
+                tuple.__new__(
                     SourceRecord,
                     (msg.topic(), msg.partition(), msg.offset(), msg.headers(), msg.value()),
                 )

@@ -167,7 +167,7 @@ def parse_event(obj: object, limits: Limits) -> Event:
         cells += ((name, cell),)
     # tuple.__new__ skips the NamedTuple's Python-level __new__: 0.25 µs of the ingest's
     # per-event cost.
-    event = _new_tuple(Event, (user_id, key, value, delete, cells))
+    event = tuple.__new__(Event, (user_id, key, value, delete, cells))
     plans = limits.plans.get(key)  # keyed by key alone: no tuple built per event
     if plans is None:
         rules = limits.value_rules
@@ -178,9 +178,6 @@ def parse_event(obj: object, limits: Limits) -> Event:
     if delete and not deletable:
         raise BadRecord("op delete: no statistic with deletions counts this event")
     return event
-
-
-_new_tuple = tuple.__new__
 
 
 def _nested(obj: dict, path: tuple[str, ...]) -> object:

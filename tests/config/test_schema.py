@@ -3,27 +3,10 @@ exactly, the shipped demo config is valid, a dumped config parses again."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from dpstream.config.schema import ConfigError, load_config, parse_config
-
-BASE = {
-    "privacy": {"total_epsilon": 2.0},
-    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
-}
-
-
-def _cfg(**changes):
-    data = copy.deepcopy(BASE)
-    for path, value in changes.items():
-        target = data
-        *parents, last = path.split("__")
-        for part in parents:
-            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
-        target[last] = value
-    return data
+from tests.config_builders import MINIMAL, minimal
 
 
 @pytest.mark.parametrize(
@@ -104,21 +87,21 @@ def _cfg(**changes):
 )
 def test_bad_config_names_the_field(changes, message):
     with pytest.raises(ConfigError) as info:
-        parse_config(_cfg(**changes))
+        parse_config(minimal(**changes))
     assert message in str(info.value)
 
 
 def test_missing_sections_and_duplicates_name_the_field():
     with pytest.raises(ConfigError, match=r"privacy: Field required"):
-        parse_config({"statistics": BASE["statistics"]})
-    dup = _cfg()
+        parse_config({"statistics": MINIMAL["statistics"]})
+    dup = minimal()
     dup["statistics"].append(dict(dup["statistics"][0]))
     with pytest.raises(ConfigError, match=r"statistics\[1\].name: duplicate statistic name"):
         parse_config(dup)
 
 
 def test_budget_boundary_is_exact():
-    data = _cfg(privacy__total_epsilon=0.3)
+    data = minimal(privacy__total_epsilon=0.3)
     data["statistics"] = [
         {"name": "a", "epsilon": 0.1, "tau": 1},
         {"name": "b", "epsilon": 0.2, "tau": 1},

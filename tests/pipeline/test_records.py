@@ -21,15 +21,10 @@ from dpstream.pipeline.records import (
     partition_for,
 )
 from dpstream.pipeline.worker_support import limits_for
+from tests.config_builders import MINIMAL
 
 LIMITS = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=frozenset({"click"}))
 ANY_KEY = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=None)
-
-
-BASE = {
-    "privacy": {"total_epsilon": 2.0},
-    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
-}
 
 
 @pytest.mark.parametrize(
@@ -65,9 +60,9 @@ def test_a_statistic_without_key_filter_accepts_every_key():
 
     cfg = parse_config(
         {
-            **BASE,
+            **MINIMAL,
             "statistics": [
-                *BASE["statistics"],
+                *MINIMAL["statistics"],
                 {"name": "c", "epsilon": 1, "tau": 1, "key": "click"},
             ],
             "privacy": {"total_epsilon": 2},

@@ -4,7 +4,6 @@ with other parameters; exact counts appear only under a public-counts statement.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import random
@@ -18,27 +17,9 @@ from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stage2_state import Stage2State
 from dpstream.pipeline.stages import Stage2, StatisticChanged
 from dpstream.pipeline.statistic import Report
+from tests.config_builders import production
 
 KEY = hashlib.sha256(b"one key for every pipeline").digest()
-
-
-BASE = {
-    "app_id": "prod",
-    "input": {"partitions": 2},
-    "noise": {"mode": "keyed"},
-    "privacy": {"total_epsilon": 2.0},
-    "statistics": [{"name": "events", "kind": "count", "epsilon": 1.0, "tau": 8}],
-}
-
-
-def config(**changes) -> dict:
-    data = copy.deepcopy(BASE)
-    for name, value in changes.items():
-        if name in ("epsilon", "tau", "name"):
-            data["statistics"][0][name] = value
-        else:
-            data[name] = value
-    return data
 
 
 def log(seed: int, ticks: int = 30, first_tick: int = 1000) -> list[bytes]:
@@ -61,10 +42,10 @@ def test_two_pipelines_under_one_key_share_no_noise():
     # of their data at every tick.
     prod_log, staging_log = log(1), log(2)
     prod_noise, staging_noise = RecordingNoise(KeyedNoise(KEY)), RecordingNoise(KeyedNoise(KEY))
-    prod = values(config(app_id="prod"), prod_log, prod_noise)
-    staging = values(config(app_id="staging"), staging_log, staging_noise)
-    exact_prod = values(config(app_id="prod"), prod_log, ZeroNoise())
-    exact_staging = values(config(app_id="staging"), staging_log, ZeroNoise())
+    prod = values(production(app_id="prod"), prod_log, prod_noise)
+    staging = values(production(app_id="staging"), staging_log, staging_noise)
+    exact_prod = values(production(app_id="prod"), prod_log, ZeroNoise())
+    exact_staging = values(production(app_id="staging"), staging_log, ZeroNoise())
     nodes = {node for node, _, _ in prod_noise.calls}
     assert nodes and nodes.isdisjoint(node for node, _, _ in staging_noise.calls)
     same = sum(
@@ -78,11 +59,11 @@ def test_two_pipelines_under_one_key_share_no_noise():
 def test_a_statistic_started_later_or_with_other_parameters_draws_other_noise():
     lines = log(3)
     first = RecordingNoise(KeyedNoise(KEY))
-    values(config(), lines, first)
+    values(production(), lines, first)
     restarted = RecordingNoise(KeyedNoise(KEY))  # recreated from empty state, later start
-    values(config(), log(3, first_tick=5000), restarted)
+    values(production(), log(3, first_tick=5000), restarted)
     retuned = RecordingNoise(KeyedNoise(KEY))  # the same name, another epsilon
-    values(config(epsilon=0.5), lines, retuned)
+    values(production(epsilon=0.5), lines, retuned)
     nodes = {node for node, _, _ in first.calls}
     assert nodes.isdisjoint(node for node, _, _ in restarted.calls)
     assert nodes.isdisjoint(node for node, _, _ in retuned.calls)
@@ -92,7 +73,7 @@ def test_a_statistic_started_later_or_with_other_parameters_draws_other_noise():
 
 
 def test_a_restart_from_stored_state_releases_what_an_uninterrupted_run_does():
-    cfg = parse_config(config())
+    cfg = parse_config(production())
     reports = [Report("events", p, t, t, {"w": (t * 7 + p) % 5}) for t in range(50, 70)
                for p in (0, 1)]  # fmt: skip
     whole = Stage2(cfg, KeyedNoise(KEY), 2)
@@ -109,7 +90,7 @@ def test_a_restart_from_stored_state_releases_what_an_uninterrupted_run_does():
 
 
 def test_stage2_refuses_state_made_with_other_parameters():
-    old, new = parse_config(config()), parse_config(config(epsilon=0.5))
+    old, new = parse_config(production()), parse_config(production(epsilon=0.5))
     state = Stage2.new_state()
     Stage2(old, ZeroNoise(), 1).on_report(state, Report("events", 0, 7, 7, {"w": 1}))
     with pytest.raises(StatisticChanged, match=r"statistic.epsilon changed"):
@@ -157,5 +138,7 @@ def test_a_public_counts_pipeline_says_so_on_every_release():
     releases = list(replay(parse_config(data), lines, ZeroNoise()))
     assert releases and all(r["public_counts"] is True for r in releases)
     assert releases[0]["samples"] == 5  # exact, and covered by the statement
-    plain = list(replay(parse_config(config(noise={"mode": "insecure_zero"})), lines, ZeroNoise()))
+    plain = list(
+        replay(parse_config(production(noise={"mode": "insecure_zero"})), lines, ZeroNoise())
+    )
     assert plain and all("public_counts" not in r for r in plain)

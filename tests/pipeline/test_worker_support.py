@@ -3,45 +3,19 @@ environment or a file, never echoed; only 256 random-looking bits, in hex or bas
 
 from __future__ import annotations
 
-import copy
 import hashlib
 
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.pipeline.worker_support import load_noise, noise_key
+from tests.config_builders import minimal, production
 
 KEY = hashlib.sha256(b"one key for every pipeline").digest()
 
-BASE = {
-    "privacy": {"total_epsilon": 2.0},
-    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
-}
-
-
-def _cfg(**changes):
-    data = copy.deepcopy(BASE)
-    for path, value in changes.items():
-        target = data
-        *parents, last = path.split("__")
-        for part in parents:
-            target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
-        target[last] = value
-    return data
-
-
-def config(**changes) -> dict:
-    data = copy.deepcopy(BASE)
-    for name, value in changes.items():
-        if name in ("epsilon", "tau", "name"):
-            data["statistics"][0][name] = value
-        else:
-            data[name] = value
-    return data
-
 
 def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
-    cfg = parse_config(_cfg(noise__key_env="DPSTREAM_TEST_KEY"))
+    cfg = parse_config(minimal(noise__key_env="DPSTREAM_TEST_KEY"))
     monkeypatch.delenv("DPSTREAM_TEST_KEY", raising=False)
     with pytest.raises(ConfigError, match="noise.key_env: environment variable DPSTREAM_TEST_KEY"):
         load_noise(cfg)
@@ -53,12 +27,12 @@ def test_noise_key_is_required_and_never_echoed(monkeypatch, tmp_path):
     assert secret not in repr(load_noise(cfg))
     key_file = tmp_path / "key"
     key_file.write_text(secret + "\n")
-    from_file = load_noise(parse_config(_cfg(noise__key_file=str(key_file))))
+    from_file = load_noise(parse_config(minimal(noise__key_file=str(key_file))))
     assert from_file.discrete_laplace(("n", 1), 10) == load_noise(cfg).discrete_laplace(
         ("n", 1), 10
     )
     with pytest.raises(ConfigError, match="noise.key_file: cannot read key file"):
-        load_noise(parse_config(_cfg(noise__key_file=str(tmp_path / "missing"))))
+        load_noise(parse_config(minimal(noise__key_file=str(tmp_path / "missing"))))
 
 
 @pytest.mark.parametrize(
@@ -89,7 +63,7 @@ def test_hex_and_base64_keys_of_32_bytes_are_the_same_key():
 
 
 def test_the_worker_loads_a_hex_key_from_the_environment(monkeypatch):
-    data = config(noise={"mode": "keyed", "key_env": "DPSTREAM_IDENTITY_TEST_KEY"})
+    data = production(noise={"mode": "keyed", "key_env": "DPSTREAM_IDENTITY_TEST_KEY"})
     monkeypatch.setenv("DPSTREAM_IDENTITY_TEST_KEY", KEY.hex())
     noise = load_noise(parse_config(data))
     assert noise.discrete_laplace(("n", 1), 10) == noise.discrete_laplace(("n", 1), 10)
