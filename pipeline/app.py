@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn
 
 import faust
 import orjson
@@ -26,7 +24,8 @@ from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
 from .drivers import Stage1Driver, Stage2Driver
-from .ingest import IngestFailed, IngestHandle
+from .exits import exit_now
+from .ingest import IngestHandle
 from .kafka_security import faust_credentials
 from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
 from .stage2_state import Stage2State
@@ -38,23 +37,6 @@ log = logging.getLogger(__name__)
 
 class HoleUnread(RuntimeError):
     """Records the consumer skipped could not be read directly (the worker stops)."""
-
-
-EXIT_INTERNAL_ERROR = os.EX_SOFTWARE
-"""The worker's exit status after an exception in an agent (70, sysexits' "internal
-software error")."""
-
-
-def exit_now() -> NoReturn:
-    """End the worker at once, as a SIGKILL would, with :data:`EXIT_INTERNAL_ERROR`: no
-    shutdown, so no offset is committed and no output or changelog write is flushed.
-
-    Faust's own crash path (a ``CrashingSupervisor``, ``App.crash``) stops the worker
-    gracefully, and that stop can wait forever: its last commit calls into the consumer
-    thread, which the crash has already stopped (faust-streaming 0.15.3, mode 0.7.1;
-    docs/reliability.md)."""
-    logging.shutdown()  # the lines that say why are written first
-    os._exit(EXIT_INTERNAL_ERROR)
 
 
 async def crash_only(
@@ -88,6 +70,17 @@ async def crash_only(
                 exc_info=exc,
             )
         exit_now()
+
+
+def stop_if_ingest_ended(ingest: IngestHandle) -> None:
+    """End the worker (:func:`exit_now`) once its ingest has ended: the worker would go on
+    releasing ticks while no event reaches the events topic. A restarted worker starts a
+    new ingest, which re-sends from the source offsets the old one committed."""
+    if ingest.is_alive():
+        return
+    how = "its thread ended" if ingest.exitcode is None else f"exit code {ingest.exitcode}"
+    log.critical("the ingest stopped (%s); stopping the worker", how)
+    exit_now()
 
 
 def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
@@ -307,9 +300,8 @@ def create_app(
 
     @app.timer(1.0)
     async def watch_ingest() -> None:
-        if ingest is not None and not ingest.is_alive():
-            log.error("the ingest stopped; stopping the worker")
-            await app.crash(IngestFailed("the worker's ingest stopped"))
+        if ingest is not None:
+            stop_if_ingest_ended(ingest)
 
     @app.timer(10.0)
     async def report_rejections() -> None:

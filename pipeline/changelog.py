@@ -34,6 +34,7 @@ What the crash argument of ``Stage1.add_events`` needs, and how it is kept:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import faust
 import orjson
 
+from .exits import exit_now
 from .faust_compat import aiokafka_producer, memory_store, send_first_on_flush
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,23 @@ RECORD_OVERHEAD = 21
 # A window's size bound: well under the producer batch size set in pipeline/app.py and the
 # broker's default max.message.bytes (1 MiB), so a window always fits one batch.
 WINDOW_BYTES = 256 * 1024
+
+
+def stop_unless_delivered(partition: str, delivered: asyncio.Future) -> None:
+    """End the worker (:func:`exit_now`) if a window sent to the changelog ``partition``
+    (``topic[n]``) failed. Its state would be lost at the next crash while its input
+    offsets get committed; a restarted worker recovers from the changelog and reads those
+    records again. At once, in this callback: Faust's own crash stop can hang."""
+    if delivered.cancelled():
+        failure = "cancelled"
+    elif delivered.exception() is not None:
+        failure = repr(delivered.exception())
+    else:
+        return
+    log.critical(
+        "stage-1 changelog write to %s failed: %s; stopping the worker", partition, failure
+    )
+    exit_now()
 
 
 class ChangelogWindow:
@@ -143,16 +162,8 @@ class BatchedTable:
     async def _send(self, producer: Any, batch: Any, topic: str, partition: int) -> Any:
         batch.close()
         future = await producer.send_batch(batch, topic, partition=partition)
-        future.add_done_callback(self._on_delivered)
+        future.add_done_callback(functools.partial(stop_unless_delivered, f"{topic}[{partition}]"))
         return future
-
-    def _on_delivered(self, delivered: asyncio.Future) -> None:
-        if delivered.cancelled() or delivered.exception() is not None:
-            # State that did not reach the changelog would be lost at the next crash while
-            # its input offsets get committed: stop the worker instead.
-            exc = delivered.exception() if not delivered.cancelled() else None
-            log.error("stage-1 changelog write failed: %r; stopping the worker", exc)
-            asyncio.ensure_future(self._app.crash(exc or RuntimeError("changelog send")))
 
     def install(self) -> None:
         """Make every producer flush (before a commit, at a rebalance, at shutdown) send

@@ -454,6 +454,14 @@ class IngestHandle:
     def is_alive(self) -> bool:
         return self._runner.is_alive()
 
+    @property
+    def exitcode(self) -> int | None:
+        """The ingest process's exit code once it ended (negative: the signal that ended
+        it); None while it runs, or for an ingest in a thread."""
+        if isinstance(self._runner, multiprocessing.process.BaseProcess):
+            return self._runner.exitcode
+        return None
+
     def stop(self, timeout: float = 15.0) -> None:
         self._stop.set()
         self._runner.join(timeout)

@@ -23,14 +23,13 @@ from importlib.metadata import version
 from dpstream.operators.errors import DpStreamError
 
 from .internals import aiokafka_producer, memory_store, send_first_on_flush
-from .recovery import RecoveryStalled, RecoveryWatchdog, watch_recovery
+from .recovery import RecoveryWatchdog, watch_recovery
 from .transport import SCHEME, register_transport
 
 __all__ = [
     "SCHEME",
     "WRITTEN_FOR",
     "FaustVersionError",
-    "RecoveryStalled",
     "RecoveryWatchdog",
     "aiokafka_producer",
     "check_versions",

@@ -25,10 +25,10 @@ no record of it arrived for ``stall_after`` seconds (since the recovery started,
 its last record). Then, once per recovery, it does again what Faust did at the recovery's
 start: resume the partitions in Faust's consumer and seek them to the offset Faust wants
 next (aiokafka drops what it had buffered for them and fetches anew). If they are still
-stalled ``stall_after`` seconds later, it crashes the app: the worker exits with an error,
-and a restarted one (whatever restarts a failed worker) recovers its tables from the
-changelogs, which any SIGKILL already requires (the crash tests of
-``tests/integration/test_faults.py``).
+stalled ``stall_after`` seconds later, it ends the worker at once (``exits.exit_now``:
+exit status 70, no Faust shutdown, which can hang), and a restarted one (whatever restarts
+a failed worker) recovers its tables from the changelogs, which any SIGKILL already
+requires (the crash tests of ``tests/integration/test_faults.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 
 import faust
 
-from dpstream.operators.errors import DpStreamError
+from ..exits import exit_now
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,6 @@ STALL_SECONDS = 15.0
 """Seconds without a changelog record, while records remain, before the watchdog acts. A
 recovery that progresses receives every partition's records in each fetch round (aiokafka
 fetches all partitions with records left at once), well under a second apart."""
-
-
-class RecoveryStalled(DpStreamError):
-    """Faust's table recovery received no changelog records for too long (the worker stops)."""
 
 
 class RecoveryWatchdog:
@@ -76,7 +72,7 @@ class RecoveryWatchdog:
             await self.app.sleep(interval)
             try:
                 await self.check()
-            except Exception:  # a failed seek is tried again; the app must not crash here
+            except Exception:  # a failed seek is tried again; the worker must not stop here
                 log.exception("table recovery watchdog")
 
     def stalled(self, now: float) -> dict[Any, int]:
@@ -96,7 +92,8 @@ class RecoveryWatchdog:
         }
 
     async def check(self) -> None:
-        """Seek stalled partitions again, once per recovery; crash if that did not help."""
+        """Seek stalled partitions again, once per recovery; end the worker if that did not
+        help."""
         now = self._clock()
         stalled = self.stalled(now)
         if not stalled:
@@ -114,8 +111,11 @@ class RecoveryWatchdog:
             consumer.resume_partitions(set(stalled))
             await consumer.seek_wait(stalled)
         elif now - self._reseek[1] >= self.stall_after:
-            log.error("table recovery still stalled at %s after a new seek; stopping", names)
-            await self.app.crash(RecoveryStalled(f"table recovery stalled at {names}"))
+            log.critical(
+                "table recovery still stalled at %s after a new seek; stopping the worker",
+                names,
+            )
+            exit_now()
 
 
 def watch_recovery(app: faust.App, stall_after: float = STALL_SECONDS) -> RecoveryWatchdog:

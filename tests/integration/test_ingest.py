@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from confluent_kafka import Producer
 
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.clients import export_log, read_topic
+from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
 from dpstream.pipeline.ingest import Ingest, source_lag
 from dpstream.pipeline.records import decode_envelope
 from dpstream.pipeline.topics import ensure_topics
@@ -394,6 +396,24 @@ def test_records_arriving_one_by_one_within_the_wait_go_out_as_one_batch(bootstr
     envelopes = [decode_envelope(value) for rows in sent.values() for _, _, value, _ in rows]
     assert sum(len(e.events) for e in envelopes) == 1 + records
     assert len(envelopes) - 1 <= cfg.input.partitions
+
+
+def test_a_worker_whose_ingest_process_dies_ends_at_once_with_status_70(bootstrap, tmp_path):
+    """The worker's ingest child SIGKILLed: the worker would go on releasing ticks of
+    nothing. It ends at once, with the internal-error exit status and a CRITICAL line
+    saying how its ingest ended (Faust's own crash stop, used before, could hang)."""
+    data, _ = counting_pipeline(bootstrap)
+    worker = start(bootstrap, tmp_path, data)
+    try:
+        wait_until(lambda: b"ingest assigned" in worker.log_path.read_bytes(), 60, "ingest", worker)
+        [pid] = set(re.findall(rb"\[ingest (\d+)\] ingest assigned", worker.log_path.read_bytes()))
+        os.kill(int(pid), signal.SIGKILL)
+        assert worker.proc.wait(60) == EXIT_INTERNAL_ERROR, worker.log_tail()
+    finally:
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+    text = worker.log_path.read_text(errors="replace")
+    assert "CRITICAL" in text and "the ingest stopped (exit code -9); stopping the worker" in text
 
 
 def test_ctrl_c_in_a_terminal_stops_the_worker_and_its_ingest_cleanly(bootstrap, tmp_path):

@@ -1,4 +1,5 @@
-"""An exception in a stage agent ends the worker at once (pipeline/app.py, crash_only)."""
+"""The worker ends at once (pipeline/app.py): on an exception in a stage agent (crash_only)
+and when its ingest has ended."""
 
 from __future__ import annotations
 
@@ -123,3 +124,31 @@ def test_both_agents_of_the_worker_app_end_the_worker_on_an_exception(
     assert exits == [1]
     stage = "stage 1" if agent == "stage1" else "stage 2"
     assert f"{stage}: internal error on events[3] offset 11: " in caplog.text
+
+
+class EndedIngest:
+    """The part of an ``IngestHandle`` the worker's ingest watch uses."""
+
+    def __init__(self, alive: bool, exitcode: int | None) -> None:
+        self.alive, self.exitcode = alive, exitcode
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "how"), [(-9, "exit code -9"), (1, "exit code 1"), (None, "its thread ended")]
+)
+def test_an_ended_ingest_ends_the_worker_at_once_saying_how_it_ended(exits, caplog, exitcode, how):
+    # Faust's app.crash stopped the worker gracefully here, a stop that can hang.
+    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
+        app_module.stop_if_ingest_ended(EndedIngest(alive=False, exitcode=exitcode))
+    assert exits == [1]
+    [line] = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert line.getMessage() == f"the ingest stopped ({how}); stopping the worker"
+
+
+def test_a_running_ingest_leaves_the_worker_running(exits, caplog):
+    with caplog.at_level(logging.DEBUG):
+        app_module.stop_if_ingest_ended(EndedIngest(alive=True, exitcode=None))
+    assert exits == [] and caplog.records == []

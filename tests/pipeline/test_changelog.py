@@ -1,15 +1,20 @@
 """Stage 1's changelog (pipeline/changelog.py): a window keeps the latest value per key,
 sealed at its size, its values at their own size; a record's user entries go in at once;
-a flush with nothing to send touches no producer."""
+a flush with nothing to send touches no producer; a failed changelog write ends the worker
+at once."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import tracemalloc
 
+import faust
 import orjson
 import pytest
+from aiokafka.errors import KafkaTimeoutError
 
+from dpstream.pipeline import changelog
 from dpstream.pipeline.changelog import (
     RECORD_OVERHEAD,
     WINDOW_BYTES,
@@ -87,3 +92,74 @@ def test_a_flush_with_nothing_to_send_touches_no_producer():
             raise AssertionError("the producer was asked for")
 
     asyncio.run(BatchedTable(StoppedApp(), table=None).flush(delivered=True))
+
+
+class RecordingProducer:
+    """The part of aiokafka's producer a flush uses; each window's delivery is a future
+    the test completes."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, list]] = []
+        self.deliveries: list[asyncio.Future] = []
+
+    def create_batch(self) -> RecordingBatch:
+        return RecordingBatch()
+
+    async def send_batch(self, batch, topic: str, partition: int) -> asyncio.Future:
+        self.sent.append((topic, partition, batch.records))
+        self.deliveries.append(asyncio.get_running_loop().create_future())
+        return self.deliveries[-1]
+
+
+class RecordingBatch:
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+
+    def append(self, key: bytes, value: bytes, timestamp: None) -> object:
+        self.records.append((key, value))
+        return object()  # not None: the record fits
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("outcome", "failure"),
+    [("failed", "KafkaTimeoutError()"), ("cancelled", "cancelled"), ("delivered", None)],
+)
+def test_a_failed_changelog_write_ends_the_worker_at_once_naming_its_partition(
+    monkeypatch, caplog, outcome, failure
+):
+    # Its state would be lost at the next crash while its input offsets get committed.
+    # Faust's app.crash stopped the worker gracefully here, a stop that can hang.
+    app = faust.App("changelog-test", broker="kafka://127.0.0.1:9", store="memory://")
+    table = app.Table("stage1", partitions=4, key_type=str)
+    producer, exits = RecordingProducer(), []
+    monkeypatch.setattr(changelog, "aiokafka_producer", lambda _app: producer)
+    monkeypatch.setattr(changelog, "exit_now", lambda: exits.append(1))
+    batched = BatchedTable(app, table)
+    batched.for_partition(3)["p:3"] = {"offset": 7}
+
+    async def write() -> None:
+        await batched.flush()
+        [delivery] = producer.deliveries
+        if outcome == "failed":
+            delivery.set_exception(KafkaTimeoutError())
+        elif outcome == "cancelled":
+            delivery.cancel()
+        else:
+            delivery.set_result(None)
+        await asyncio.sleep(0)  # the delivery's callbacks run
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(write())
+    assert producer.sent == [("changelog-test-stage1-changelog", 3, [(b'"p:3"', b'{"offset":7}')])]
+    if failure is None:
+        assert exits == [] and [r for r in caplog.records if r.name == changelog.__name__] == []
+        return
+    assert exits == [1]
+    [line] = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert line.getMessage() == (
+        f"stage-1 changelog write to changelog-test-stage1-changelog[3] failed: {failure}; "
+        "stopping the worker"
+    )
