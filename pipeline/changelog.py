@@ -156,8 +156,10 @@ class BatchedTable:
                             "record batch (producer_max_batch_size < WINDOW_BYTES?)"
                         )
                 sent.append(await self._send(producer, batch, topic, partition))
-        if delivered:
-            await asyncio.gather(*sent)
+        if delivered and sent:
+            # wait, not gather: cancelling this flush (the agent stopped at shutdown) must
+            # not cancel the deliveries, whose callback would take that for a failure.
+            await asyncio.wait(sent)
 
     async def _send(self, producer: Any, batch: Any, topic: str, partition: int) -> Any:
         batch.close()

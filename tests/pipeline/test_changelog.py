@@ -163,3 +163,28 @@ def test_a_failed_changelog_write_ends_the_worker_at_once_naming_its_partition(
         f"stage-1 changelog write to changelog-test-stage1-changelog[3] failed: {failure}; "
         "stopping the worker"
     )
+
+
+def test_a_flush_cancelled_while_it_waits_leaves_the_deliveries_alone(monkeypatch):
+    # At shutdown Faust cancels the agent while it may wait for a marker's flush; a
+    # delivery cancelled with it would read as a failed write and stop the worker (70).
+    app = faust.App("changelog-test", broker="kafka://127.0.0.1:9", store="memory://")
+    producer, exits = RecordingProducer(), []
+    monkeypatch.setattr(changelog, "aiokafka_producer", lambda _app: producer)
+    monkeypatch.setattr(changelog, "exit_now", lambda: exits.append(1))
+    batched = BatchedTable(app, app.Table("stage1", partitions=4, key_type=str))
+    batched.for_partition(1)["p:1"] = {"offset": 3}
+
+    async def cancel_a_waiting_flush() -> None:
+        waiting = asyncio.ensure_future(batched.flush(delivered=True))
+        await asyncio.sleep(0.01)  # the window is sent, the flush waits for its delivery
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        [delivery] = producer.deliveries
+        assert not delivery.done()
+        delivery.set_result(None)
+        await asyncio.sleep(0)
+
+    asyncio.run(cancel_a_waiting_flush())
+    assert exits == []
