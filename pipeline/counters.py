@@ -29,6 +29,7 @@ from dpstream.operators.user_level import (
 
 from .counting import UnitCounting
 from .statistic import Statistic, Step, WeightsStage2
+from .weight_keys import DELETES, INSERTS, KEPT_UNITS, distinct_values, parse_weights
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
@@ -78,7 +79,7 @@ class Counter(WeightsStage2):
             if state_json is None
             else state_codec.from_json(self.state_cls, state_json)
         )
-        weight = (pending or {}).get("w", 0)
+        weight = (pending or {}).get(KEPT_UNITS, 0)
         state, rel = self.module.step(self.spec, state, weight, noise)
         fields = {
             "step": rel.t,
@@ -154,42 +155,7 @@ def expiration_curve(counter: Counter, max_age: int = 1 << 20) -> list[dict[str,
 
 # ---------------------------------------------------------------------------------------
 # User-level statistics (tau: auto): Dong-Luo-Yi Alg. 5 and its sum, histogram and distinct
-# count. Stage 1's report keys (pipeline/stages.py): "<s>b<band>/<bin>" units by rank
-# band, "<s>x<j>" users passing 2^j, "b<band>/<value>" distinct values; s is "+" for
-# insertions and "-" for deletions.
-
-
-def parse_weights(weights: dict[str, int], stream: str) -> tuple[list[list[int]], list[int]]:
-    """``bands[b][r]`` and ``crossings[j]`` of one stream from a merged stage-1 report."""
-    bands: list[list[int]] = []
-    crossings: list[int] = []
-    for key, value in weights.items():
-        if not key.startswith(stream):
-            continue
-        if key[1] == "x":
-            j = int(key[2:])
-            crossings.extend([0] * (j + 1 - len(crossings)))
-            crossings[j] += value
-        else:
-            band, column = (int(x) for x in key[2:].split("/"))
-            while len(bands) <= band:
-                bands.append([])
-            row = bands[band]
-            row.extend([0] * (column + 1 - len(row)))
-            row[column] += value
-    return bands, crossings
-
-
-def distinct_values(weights: dict[str, int]) -> list[list[str]]:
-    """``values_by_band[b]``: the distinct values seen this tick with a rank in band b."""
-    by_band: list[list[str]] = []
-    for key in weights:
-        if key.startswith("b"):
-            band, value = key[1:].split("/", 1)
-            while len(by_band) <= int(band):
-                by_band.append([])
-            by_band[int(band)].append(value)
-    return [sorted(values) for values in by_band]
+# count, from stage 1's rank-band weights (``pipeline.weight_keys``).
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +209,7 @@ class UserLevelCounter(WeightsStage2):
         weights = pending or {}
         old = UserLevelState.from_json(state)
         op_state = self.module.init(self.spec) if old.operator is None else self._load(old.operator)
-        bands, crossings = parse_weights(weights, "+")
+        bands, crossings = parse_weights(weights, INSERTS)
         min_band = old.min_band
         if self.stat.kind == "distinct":
             min_band = dict(min_band or {})
@@ -253,7 +219,7 @@ class UserLevelCounter(WeightsStage2):
             min_band.update(updates)
             op_state, rel = distinct_count.step(self.spec, op_state, units, crossings, noise)
         elif self.stat.deletions:
-            del_bands, del_crossings = parse_weights(weights, "-")
+            del_bands, del_crossings = parse_weights(weights, DELETES)
             op_state, rel = deletions.step(
                 self.spec, op_state, bands, crossings, del_bands, del_crossings, noise
             )

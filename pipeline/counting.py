@@ -1,9 +1,9 @@
 """Stage 1 of the kinds whose users contribute unit weights (count, sum, histogram,
 kselect, distinct and the whole-user mean): what one user's events add to the tick.
 
-Fixed tau: "w" = the kept units (Dong-Luo-Yi Alg. 3). User-level (tau: auto): units by
-rank band and the users crossing each power of two (Alg. 5). Whole-user mean: kept
-samples "c" and their grid units "s".
+Fixed tau: the kept units (Dong-Luo-Yi Alg. 3). User-level (tau: auto): units by rank
+band and the users crossing each power of two (Alg. 5). Whole-user mean: the kept samples
+and their grid units. The weights' keys are built by ``pipeline.weight_keys``.
 
 The count and sum kinds are counted a whole batch at a time in numpy (``UnitColumns``);
 the others, whose weights depend on each event's value, per user (``UnitCounting.add``).
@@ -21,15 +21,22 @@ from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import truncation
 
 from .records import Batch, Event
-
-# The whole-user mean's weight keys: kept samples C_t and their grid units S_t.
-SAMPLES, UNITS = "c", "s"
+from .weight_keys import (
+    DELETES,
+    INSERTS,
+    KEPT_UNITS,
+    MEAN_SAMPLES,
+    MEAN_UNITS,
+    band_key,
+    crossing_key,
+    distinct_key,
+)
 
 
 def mean_weights(spec: wum.WholeUserMeanSpec, used: int, x: float) -> dict[str, int]:
     """Stage 1's weights for one sample of a user who sent ``used`` before (no zeros)."""
     samples, units = wum.admit(spec, used, x)
-    return {k: v for k, v in ((SAMPLES, samples), (UNITS, units)) if v}
+    return {k: v for k, v in ((MEAN_SAMPLES, samples), (MEAN_UNITS, units)) if v}
 
 
 def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
@@ -56,12 +63,12 @@ class UnitCounting:
         return self.kind in ("count", "sum") and self.mean is None
 
     def stream(self, event: Event) -> str | None:
-        """ "+" (insertions) or "-" (deletions) if this statistic counts ``event``."""
+        """``INSERTS`` or ``DELETES``: the stream of ``event`` if this statistic counts it."""
         if self.key is not None and event.key != self.key:
             return None
         if event.delete:
-            return "-" if self.deletions else None
-        return "+"
+            return DELETES if self.deletions else None
+        return INSERTS
 
     def add(self, events: list[Event], used: dict[str, int], kept: dict[str, dict]) -> None:
         """Count one user's ``events`` of a record: advance ``used`` (units per stream
@@ -77,7 +84,7 @@ class UnitCounting:
         stream = self.stream(event)
         if stream is None:
             return
-        slot = self.name if stream == "+" else f"{self.name}/-"
+        slot = self.name if stream == INSERTS else f"{self.name}/-"
         units, weights = self.contribution(stream, used.get(slot, 0), event)
         used[slot] = used.get(slot, 0) + units
         if weights:  # never holds zeros
@@ -87,33 +94,34 @@ class UnitCounting:
         """(units, weights) of ``event`` for a user who has sent ``used`` units before;
         weights holds no zero entries.
 
-        Fixed tau: "w" = the kept units (Alg. 3, partial for a straddling sum item).
-        Whole-user mean: "c" = 1 and "s" = its grid units for one of the user's first m
+        Fixed tau: the kept units (Alg. 3, partial for a straddling sum item).
+        Whole-user mean: 1 sample and its grid units for one of the user's first m
         samples (``mean_weights``); units count samples.
-        User-level: "<stream>b<band>/<bin>" = units by rank band (operators.user_level),
-        "<stream>x<j>" = 1 when the user's total passes 2^j (Count(D_t, 2^j) gains the
-        user); distinct count: "b<band>/<value>" for the value instead of a bin.
+        User-level: the units by rank band and bin (operators.user_level), 1 for each
+        2^j the user's total passes (Count(D_t, 2^j) gains the user); distinct count: the
+        value at the band of its rank instead of the units. Keys: ``pipeline.weight_keys``.
         """
         if self.mean is not None:
             return 1, mean_weights(self.mean, used, event.value)  # type: ignore[arg-type]
         units = int(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
         if self.fixed is not None:
             kept = truncation.admit(self.fixed, used, units)
-            return units, ({"w": kept} if kept else {})
-        out = {f"{stream}x{j}": 1 for j in ul.crossed_powers(used, used + units)}
+            return units, ({KEPT_UNITS: kept} if kept else {})
+        out = {crossing_key(stream, j): 1 for j in ul.crossed_powers(used, used + units)}
         if self.kind == "distinct":
-            out[f"b{ul.rank_band(used + 1)}/{event.value!r}"] = 1
+            out[distinct_key(ul.rank_band(used + 1), event.value)] = 1
             return units, out
         column = int(event.value) - 1 if self.kind in ("histogram", "kselect") else 0  # type: ignore[arg-type]
         for band, n in ul.band_units(used, units):
-            out[f"{stream}b{band}/{column}"] = out.get(f"{stream}b{band}/{column}", 0) + n
+            key = band_key(stream, band, column)
+            out[key] = out.get(key, 0) + n
         return units, out
 
 
 def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple[str, int, int]]:
     """(key, total, first row with it) of the rank-band weights of the rows with
-    ``before`` and ``units`` ("<stream>x<j>": users crossing 2^j, "<stream>b<band>/0":
-    units in the band), crossed powers then bands, each in increasing order."""
+    ``before`` and ``units`` (users crossing 2^j, units in band b of bin 0), crossed
+    powers then bands, each in increasing order."""
     rows = np.flatnonzero(units)
     if not len(rows):
         return []
@@ -122,11 +130,11 @@ def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple
     crossed = ul.crossed_powers_many(before, before + units)
     for j in np.flatnonzero(crossed.any(axis=0)).tolist():
         column = crossed[:, j]
-        out.append((f"{stream}x{j}", int(column.sum()), int(rows[column.argmax()])))
+        out.append((crossing_key(stream, j), int(column.sum()), int(rows[column.argmax()])))
     bands = ul.band_units_many(before, units)
     for band in np.flatnonzero(bands.any(axis=0)).tolist():
         column = bands[:, band]
-        out.append((f"{stream}b{band}/0", int(column.sum()), int(rows[(column > 0).argmax()])))
+        out.append((band_key(stream, band, 0), int(column.sum()), int(rows[(column > 0).argmax()])))
     return out
 
 
@@ -142,7 +150,7 @@ class UnitColumns:
     records).
 
     The tick's pending sums get their keys in the order the per-user form gave them
-    (users in order of first event; per user its "+" slot, then its "-" slot, each
+    (users in order of first event; per user its insertions' slot, then its deletions', each
     crossed powers then bands), so the reports stay byte for byte what they were."""
 
     def __init__(self, stats: list[UnitCounting]) -> None:
@@ -150,9 +158,9 @@ class UnitColumns:
         # Stream slots: (slot, statistic, stream); a slot is a key of the users' "used".
         self.slots: list[tuple[str, UnitCounting, str]] = []
         for stat in stats:
-            self.slots.append((stat.name, stat, "+"))
+            self.slots.append((stat.name, stat, INSERTS))
             if stat.deletions:
-                self.slots.append((stat.name + "/-", stat, "-"))
+                self.slots.append((stat.name + "/-", stat, DELETES))
         self.names = [slot for slot, _, _ in self.slots]
 
     def units(self, batch: Batch, rows: np.ndarray, users: int) -> np.ndarray:
@@ -160,7 +168,7 @@ class UnitColumns:
         user of each event, 0 .. users - 1)."""
         out = np.zeros((users, len(self.slots)), dtype=np.int64)
         for column, (_, stat, stream) in enumerate(self.slots):
-            mask = batch.delete if stream == "-" else ~batch.delete
+            mask = batch.delete if stream == DELETES else ~batch.delete
             if stat.key is not None:
                 if stat.key not in batch.keys:
                     continue
@@ -196,14 +204,14 @@ class UnitColumns:
         first event) contribute to the tick's pending sums."""
         keyed: dict[str, list[tuple[str, int, int]]] = {}
         for column, (_, stat, stream) in enumerate(self.slots):
-            if stat.fixed is None or stream == "-":
+            if stat.fixed is None or stream == DELETES:
                 found = _rank_keys(stream, before[:, column], units[:, column])
                 keyed.setdefault(stat.name, []).extend(found)
                 continue
             kept = int(truncation.admit_many(stat.fixed, before[:, column], units[:, column]).sum())
             if kept:
                 into = pending.setdefault(stat.name, {})
-                into["w"] = into.get("w", 0) + kept
+                into[KEPT_UNITS] = into.get(KEPT_UNITS, 0) + kept
         for name, found in keyed.items():
             if not found:
                 continue

@@ -2,8 +2,9 @@
 
 * Default: the whole-user mean (``operators.whole_user_mean``), which flows like a sum
   with a fixed tau. Stage 1 (``pipeline.counting``) keeps each user's sample count and
-  adds, per kept sample, "c" = 1 and "s" = its grid units to the tick's weights; stage 2
-  steps the two counters (``WholeUserMeanStatistic``).
+  adds, per kept sample, 1 sample and its grid units to the tick's weights
+  (``weight_keys.MEAN_SAMPLES``, ``MEAN_UNITS``); stage 2 steps the two counters
+  (``WholeUserMeanStatistic``).
 * ``public_counts: true``: George et al.'s continual mean (``operators.continual_mean``)
   with per-user state (``ContinualMeanStatistic``): states to and from JSON, the
   partition's users handed over in rank order. Stage 1 keeps each user's ``UserState``
@@ -26,9 +27,10 @@ from dpstream.operators.means import whole_user_mean as wum
 from dpstream.operators.noise import NoiseSource, interval
 from dpstream.operators.state_codec import from_json, to_json
 
-from .counting import SAMPLES, UNITS, UnitCounting
+from .counting import UnitCounting
 from .records import Event
 from .statistic import Report, Statistic, Step, WeightsStage2, own_caps
+from .weight_keys import MEAN_SAMPLES, MEAN_UNITS
 
 
 def whole_user_mean_spec(stat: StatisticConfig, cfg: PipelineConfig) -> wum.WholeUserMeanSpec:
@@ -70,7 +72,7 @@ class WholeUserMeanStatistic(WeightsStage2):
             if state_json is None
             else state_codec.from_json(wum.WholeUserMeanState, state_json)
         )
-        samples, units = weights.get(SAMPLES, 0), weights.get(UNITS, 0)
+        samples, units = weights.get(MEAN_SAMPLES, 0), weights.get(MEAN_UNITS, 0)
         state, rel = wum.step(spec, state, samples, units, noise)
         count = rel.samples
         fields = {

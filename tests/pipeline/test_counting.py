@@ -20,6 +20,7 @@ from dpstream.pipeline.records import Batch, Event, decode_envelope, encode_enve
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stages import Stage1
 from dpstream.pipeline.statistic import Report
+from dpstream.pipeline.weight_keys import DELETES, BandKey, CrossingKey, parse_key
 
 MEAN = {"max_samples_per_user": 2, "lower": 0, "upper": 10}
 # Every kind with a ``counting`` stage 1, in each tau mode, with keys and deletions.
@@ -80,12 +81,15 @@ def _reference_add_events(self, pstate, users, events, offset, partition=0) -> N
 
 
 def _canonical(key: str) -> tuple:
-    """Where a weight key sits in one user's contribution to a statistic: "+" stream
-    before "-", crossed powers before bands, then by index."""
-    if key == "w":  # fixed tau: the kept units, its only key
-        return False, False, 0
-    stream, rest = (key[0], key[1:]) if key[0] in "+-" else ("+", key)
-    return stream == "-", rest[0] == "b", int(rest[1:].split("/")[0])
+    """Where a weight key sits in one user's contribution to a statistic: insertions
+    before deletions, crossed powers before bands, then by index."""
+    parsed = parse_key(key)
+    if isinstance(parsed, CrossingKey):
+        return parsed.stream == DELETES, False, parsed.power
+    if isinstance(parsed, BandKey):
+        return parsed.stream == DELETES, True, parsed.band
+    assert parsed is None, key  # fixed tau: the kept units, its only key
+    return False, False, 0
 
 
 users_st = st.sampled_from([f"u{i}" for i in range(6)] + ["heavy"] * 6)
