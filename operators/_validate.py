@@ -28,7 +28,7 @@ def check_int_ge(name: str, value: int, minimum: int) -> None:
         raise invalid(name, f">= {minimum}", value)
 
 
-def check_probability(name: str, value: float) -> None:
+def check_probability(name: str, value: float | Fraction) -> None:
     """Raise unless ``value`` lies in the open interval (0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
         raise invalid(name, "a number", value)

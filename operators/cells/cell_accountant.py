@@ -240,7 +240,8 @@ def admit(
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
     losses = _losses(state)
-    kept, dropped = [], []
+    kept: list[str] = []
+    dropped: list[str] = []
     for user in sorted(set(users)):
         spent = losses.get(user, (Fraction(0), 0))[0]
         (kept if spent + eps <= spec.epoch_cap else dropped).append(user)

@@ -745,7 +745,9 @@ def release_prepared(
         std=std * g,
         ci95=ci95 * g,
         noise_scale=scale * g,
-        interval=None if interval is None else tuple(_units_to_value(spec, x) for x in interval),
+        interval=None
+        if interval is None
+        else (_units_to_value(spec, interval[0]), _units_to_value(spec, interval[1])),
         n_users=len(prepared.kept_users),
         n_samples=prepared.used_samples,
         m_ub=prepared.m_ub if arrays else None,

@@ -300,8 +300,8 @@ def plan(
         for cell, users in initial.items():
             removed.setdefault(tuple(cell), set()).update(users)
     if budget_left is not None:
-        for cell, users in _mandatory(spec, matrix, eps, budget_left).items():
-            removed.setdefault(cell, set()).update(users)
+        for cell, mandatory in _mandatory(spec, matrix, eps, budget_left).items():
+            removed.setdefault(cell, set()).update(mandatory)
     rounds = 0
     while clip:
         trial = _round(spec, matrix, removed, eps, e0)
