@@ -257,7 +257,11 @@ KINDS: dict[str, KindEntry] = {
     "mean": KindEntry("dpstream.pipeline.means", section="mean"),
     "cell_mean": KindEntry("dpstream.pipeline.cells", section="cells"),
 }
-Kind = Literal[tuple(KINDS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    # A Literal built from KINDS at run time is no type to a checker: a kind is a str there.
+    Kind = str
+else:
+    Kind = Literal[tuple(KINDS)]
 
 
 def _kinds_with(test: Callable[[KindEntry], bool]) -> list[str]:
@@ -558,7 +562,7 @@ class StatisticConfig(_Model):
         kind = self.kind
         params = KINDS[kind]
         for section in ("mean", "cells"):
-            (owner,) = _kinds_with(lambda p, section=section: p.section == section)
+            (owner,) = [k for k, p in KINDS.items() if p.section == section]
             if (kind == owner) != (getattr(self, section) is not None):
                 raise ValueError(
                     f"{section}: required for kind {owner}"
@@ -568,7 +572,7 @@ class StatisticConfig(_Model):
         if self.cells is not None:
             self._check_cells(self.cells)
         for field in ("max_value", "bins"):
-            owners = _kinds_with(lambda p, field=field: p.values == field)
+            owners = [k for k, p in KINDS.items() if p.values == field]
             if params.values == field and getattr(self, field) is None:
                 raise ValueError(f"{field}: required for kind {kind} (values are integers 1..R)")
             if params.values != field and getattr(self, field) is not None:
