@@ -29,7 +29,7 @@ from dpstream.operators.state_codec import from_json, to_json
 
 from .counting import UnitCounting
 from .records import Event
-from .statistic import Report, Statistic, Step, WeightsStage2, own_caps
+from .statistic import Report, Step, WeightsStage2, own_caps
 from .weight_keys import MEAN_SAMPLES, MEAN_UNITS
 
 
@@ -241,7 +241,9 @@ class ContinualMeanStatistic:
         return own_caps(entry, start)
 
 
-def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
+def make_statistic(
+    stat: StatisticConfig, cfg: PipelineConfig
+) -> ContinualMeanStatistic | WholeUserMeanStatistic:
     """kind mean: George et al.'s continual mean when the pipeline's counts are public
     (``privacy.public_counts: true``), else the whole-user mean."""
     if cfg.privacy.public_counts:

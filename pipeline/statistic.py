@@ -79,7 +79,8 @@ class Counting(Protocol):
     kselect, distinct, the whole-user mean): one shared ``used`` map per user and the
     tick's weights, summed over users, in the report (``pipeline.counting``)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def add(self, events: list[Event], used: dict[str, int], kept: dict[str, dict]) -> None: ...
 
@@ -102,11 +103,23 @@ class Statistic(Protocol):
     from the common one.
     """
 
-    name: str
-    mechanism: str  # the releases' "mechanism" field
-    # The neighbouring relation its guarantee is stated for (None: the pipeline's).
-    neighbours: str | None
-    counting: Counting | None
+    # Read-only: an implementation holds them as frozen fields or properties, and may
+    # narrow them (``counting`` always None, ``neighbours`` always a str).
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def mechanism(self) -> str:
+        """The releases' "mechanism" field."""
+        ...
+
+    @property
+    def neighbours(self) -> str | None:
+        """The neighbouring relation its guarantee is stated for (None: the pipeline's)."""
+        ...
+
+    @property
+    def counting(self) -> Counting | None: ...
 
     # ------------------------------------------------------------ stage 1, per-user state
 
