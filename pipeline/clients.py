@@ -89,10 +89,11 @@ def _next_record(consumer: Consumer, timeout: float, what: str):
         msg = consumer.poll(timeout)
         if msg is None:
             raise TimeoutError(f"reading {what}: no record within {timeout}s")
-        if not msg.error():
+        error = msg.error()
+        if not error:
             return msg
-        if msg.error().code() != KafkaError._PARTITION_EOF:
-            raise RuntimeError(str(msg.error()))
+        if error.code() != KafkaError._PARTITION_EOF:
+            raise RuntimeError(str(error))
 
 
 def _fields(msg) -> tuple[int, list, bytes | None, int]:
@@ -146,7 +147,7 @@ def read_range(
     consumer = _consumer(bootstrap, security)
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
-        out = []
+        out: list[tuple[int, list, bytes | None, int]] = []
         while True:
             msg = _next_record(consumer, timeout, f"{topic}[{partition}] {start}-{end}")
             if msg.offset() >= end:
@@ -165,7 +166,8 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
     partitions = cfg.input.partitions
     per_partition = read_topic(bootstrap, cfg.events_topic, partitions, security=cfg.kafka)
     ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> counted events
-    firsts, lasts = [], []
+    firsts: list[int] = []
+    lasts: list[int] = []
     for p in range(partitions):
         by_tick: dict[int, list[dict]] = defaultdict(list)
         buffered: list[dict] = []
@@ -188,7 +190,7 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
                     buffered += [event_json(e) for e in events]
             except BadRecord:
                 continue
-        if first is None:
+        if first is None or last is None:  # both set at a partition's first closed tick
             return  # a partition without a closed tick: nothing has been released yet
         ticks.append(by_tick)
         firsts.append(first)

@@ -31,9 +31,9 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -92,6 +92,14 @@ class Routed:
 
 
 _Columns = tuple[list[int], list[int], list[Event]]  # offsets, indexes, events
+# What a record's dead letters name: the event's index in it (None: the whole record).
+_Bad = Sequence[tuple[int | None, str]]
+
+
+class _Partition(TypedDict, total=False):
+    """``Producer.produce``'s partition, passed only when chosen (else the partitioner's)."""
+
+    partition: int
 
 
 def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> Routed:
@@ -105,6 +113,7 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
     owner: dict[str, int] = {}  # user id -> events partition, within the batch
     out = Routed()
     topic, source_partition, groups = None, None, {}
+    bad: _Bad
     for record in records:
         headers = record.headers
         try:
@@ -130,7 +139,7 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
             group = groups.get(partition)
             if group is None:
                 group = groups[partition] = ([], [], [])
-                columns.append((topic, source_partition, partition, group))  # type: ignore[arg-type]
+                columns.append((topic, source_partition, partition, group))
             group[0].append(offset)
             group[1].append(n if indexes is None else indexes[n])
             group[2].append(event)
@@ -145,13 +154,13 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
     return out
 
 
-def _good_indexes(good: int, bad: list[tuple[int | None, str]]) -> list[int]:
+def _good_indexes(good: int, bad: _Bad) -> list[int]:
     """The good events' indexes in their record: those not dead-lettered, in order."""
     rejected = {index for index, _ in bad}
     return [i for i in range(good + len(bad)) if i not in rejected]
 
 
-def _reject(out: Routed, record: SourceRecord, bad: list[tuple[int | None, str]]) -> None:
+def _reject(out: Routed, record: SourceRecord, bad: _Bad) -> None:
     for index, reason in bad:
         out.reasons.append(reason)
         out.dead_letters.append(
@@ -344,7 +353,7 @@ class Ingest:
     def _send(
         self, topic: str, value: bytes, partition: int | None, headers, batch: _Batch
     ) -> None:
-        kwargs = {} if partition is None else {"partition": partition}
+        kwargs: _Partition = {} if partition is None else {"partition": partition}
         while True:
             try:
                 self._producer.produce(

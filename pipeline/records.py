@@ -180,7 +180,7 @@ def parse_event(obj: object, limits: Limits) -> Event:
     return event
 
 
-def _nested(obj: dict, path: tuple[str, ...]) -> object:
+def _nested(obj: object, path: tuple[str, ...]) -> object:
     for name in path:
         if type(obj) is not dict:
             return None
@@ -380,7 +380,7 @@ class Batch:
                 None if key[i] < 0 else keys[key[i]],
                 value[i],
                 delete[i],
-                tuple((a, column[i]) for a, column in cells if column[i] is not None),
+                tuple((a, cell) for a, column in cells if (cell := column[i]) is not None),
             )
             for i in rows
         ]
@@ -587,11 +587,11 @@ def decode_envelope(value: bytes | None) -> Envelope:
         key = _ints(obj, "y", n, -1, -1, len(keys))
     values = obj.get("v")
     if values is None:
-        value = np.full(n, _NO_VALUE)
+        value_column = np.full(n, _NO_VALUE)
     elif type(values) is not list or len(values) != n:
         raise BadRecord("malformed envelope")
     else:
-        value = _values(values)
+        value_column = _values(values)
     delete = np.zeros(n, dtype=bool)
     deletes = obj.get("d")
     if deletes:
@@ -605,5 +605,5 @@ def decode_envelope(value: bytes | None) -> Envelope:
         raise BadRecord("malformed envelope")  # not in source order
     indexes = obj["i"] if "i" in obj else [0] * n
     return Envelope(
-        obj["s"], offsets, indexes, Batch(user_ids, user, keys, key, value, delete, cells)
+        obj["s"], offsets, indexes, Batch(user_ids, user, keys, key, value_column, delete, cells)
     )

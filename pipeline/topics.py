@@ -38,7 +38,7 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
 
 
 def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminClient:
-    conf = {"bootstrap.servers": bootstrap, "log_level": 0}
+    conf: dict[str, str | int] = {"bootstrap.servers": bootstrap, "log_level": 0}
     return AdminClient({**conf, **confluent_config(security or KafkaSecurityConfig())})
 
 
