@@ -440,7 +440,9 @@ class LocalKafka:
         """
         jars = fetch_jars()
         owns = data_dir is None
-        base = Path(tempfile.mkdtemp(prefix="dpstream-kafka-")) if owns else Path(data_dir)
+        base = (
+            Path(tempfile.mkdtemp(prefix="dpstream-kafka-")) if data_dir is None else Path(data_dir)
+        )
         base = base.resolve()
         attempts = 3
         try:

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypedDict
 
 import faust
 import orjson
@@ -87,6 +88,13 @@ def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
     return [f"{scheme}://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
 
 
+class _Codecs(TypedDict):
+    """The keyword arguments of ``App.topic`` that name a topic's key and value codecs."""
+
+    key_serializer: str
+    value_serializer: str
+
+
 def create_app(
     cfg: PipelineConfig,
     bootstrap: str,
@@ -116,7 +124,7 @@ def create_app(
         # SASL/TLS from the config's kafka: section (None: PLAINTEXT).
         broker_credentials=faust_credentials(cfg.kafka),
     )
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    raw: _Codecs = {"key_serializer": "raw", "value_serializer": "raw"}
     events_topic = app.topic(cfg.events_topic, partitions=partitions, **raw)
     stage2_topic = app.topic(cfg.stage2_topic, partitions=partitions, **raw)
     release_topics = {
@@ -284,7 +292,7 @@ def create_app(
         await crash_only("stage 2", stream, on_report)
 
     interval = cfg.ticks.interval_seconds
-    clock = {"last": None}
+    clock: dict[str, int | None] = {"last": None}
 
     @app.timer(min(interval / 4, 1.0), on_leader=True)
     async def public_clock() -> None:

@@ -188,7 +188,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            sys.stdout.write(msg.value().decode() + "\n")
+            value = msg.value()
+            if value is None:  # no release in a record without a value
+                continue
+            sys.stdout.write(value.decode() + "\n")
             sys.stdout.flush()
             seen += 1
     except KeyboardInterrupt:

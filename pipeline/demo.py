@@ -117,8 +117,9 @@ def _drive(
                 producer.flush(30)
                 last_tick_wanted = int(time.time() / interval)
             msg = consumer.poll(0.05)
-            if msg is not None and not msg.error():
-                rel = orjson.loads(msg.value())
+            # A record without a value holds no release.
+            if msg is not None and not msg.error() and (value := msg.value()) is not None:
+                rel = orjson.loads(value)
                 releases[rel["statistic"]].append(rel)
                 print(_row(rel), flush=True)
                 if last_tick_wanted is not None and all(

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import faust
+
+if TYPE_CHECKING:
+    # The classes behind the app's producer and its buffer (our transport is Faust's
+    # aiokafka one): Faust types them by interfaces, without what this module reaches.
+    from faust.transport.drivers.aiokafka import Producer
+    from faust.transport.producer import ProducerBuffer
 
 
 def aiokafka_producer(app: faust.App) -> Any:
     """The app's aiokafka producer (``create_batch``, ``send_batch``)."""
-    return app.producer._ensure_producer()
+    return cast("Producer", app.producer)._ensure_producer()
 
 
 def memory_store(table: Any) -> tuple[dict[str, Any], dict[str, int]]:
@@ -38,7 +44,7 @@ def send_first_on_flush(app: faust.App, send: Callable[[], Awaitable[None]]) -> 
     next, would not wait for it. Counting the sends under way closes that gap. Call this
     before the app starts (the sender task reads ``_send_pending`` when it starts).
     """
-    buffer = app.producer.buffer
+    buffer = cast("ProducerBuffer", app.producer.buffer)
     send_pending = buffer._send_pending
     under_way = 0
 
