@@ -36,11 +36,13 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"
 
 # Lint and formatting of every Python folder; formatting is checked, never rewritten here.
+# Then the type hints of the installed packages ([tool.mypy] in pyproject.toml says which).
 LINT_DIRS := operators pipeline config deploy testing tests bench experiments
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(LINT_DIRS)
+	$(VENV)/bin/mypy
 
 # The broker and worker images from the project's own files (debootstrap: root needed once).
 images: $(STAMP) broker-jars
