@@ -173,7 +173,7 @@ class BatchedTable:
         send_first_on_flush(self._app, self.flush)
 
 
-class PartitionEntries(MutableMapping[str, dict]):
+class PartitionEntries(MutableMapping[str, Any]):
     """The table's entries whose keys start with ``prefix``, as seen while processing one
     record of ``partition``: reads see every entry, writes go to that partition's changelog
     (as Faust's per-event tables do). Keys are given without the prefix. ``get`` and
@@ -190,7 +190,7 @@ class PartitionEntries(MutableMapping[str, dict]):
         self._data, self._key_partition = data, key_partition
         self._window, self._partition, self._prefix = window, partition, prefix
 
-    def __getitem__(self, key: str) -> dict:
+    def __getitem__(self, key: str) -> Any:
         value = self._data.get(self._prefix + key)
         if value is None:
             raise KeyError(key)
@@ -199,10 +199,10 @@ class PartitionEntries(MutableMapping[str, dict]):
     def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
         return self._data.get(self._prefix + key, default)
 
-    def __setitem__(self, key: str, value: dict) -> None:
+    def __setitem__(self, key: str, value: Any) -> None:
         self.update(((key, value),))
 
-    def update(self, pairs: Iterable[tuple[str, dict]]) -> None:  # type: ignore[override]
+    def update(self, pairs: Iterable[tuple[str, Any]]) -> None:  # type: ignore[override]
         """``self[key] = value`` for each (key, value), in order, in one call (stage 1
         writes a record's users at once)."""
         data, key_partition, partition = self._data, self._key_partition, self._partition

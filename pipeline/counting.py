@@ -46,8 +46,8 @@ def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class UnitCounting:
-    """How stage 1 counts one statistic: which events, and what they contribute
-    (``pipeline.statistic.Counting``)."""
+    """How stage 1 counts one statistic whose users contribute unit weights: which
+    events, and what they contribute (a ``Statistic``'s ``counting``)."""
 
     name: str
     key: str | None

@@ -24,6 +24,7 @@ from .records import (
     decode_envelope,
     decode_tick,
 )
+from .stage1_state import PartitionState, UserEntry
 from .stage2_state import Stage2State
 from .stages import Stage1, Stage2, users_of_partition
 from .statistic import Report
@@ -41,20 +42,20 @@ class Stage1Driver:
         self._interval = cfg.ticks.interval_seconds
 
     @staticmethod
-    def skipped(pstate: dict, offset: int) -> tuple[int, int] | None:
+    def skipped(pstate: PartitionState, offset: int) -> tuple[int, int] | None:
         """Offsets [start, end) before ``offset`` the consumer never handed over (Faust can
         leave a hole at a rebalance): they must be processed first."""
         last = pstate["last_offset"]
         return (last + 1, offset) if 0 <= last < offset - 1 else None
 
     @staticmethod
-    def is_redelivered(pstate: dict, offset: int) -> bool:
+    def is_redelivered(pstate: PartitionState, offset: int) -> bool:
         return offset <= pstate["last_offset"]
 
     def on_envelope(
         self,
-        pstate: dict,
-        users: MutableMapping[str, dict],
+        pstate: PartitionState,
+        users: MutableMapping[str, UserEntry],
         partition: int,
         offset: int,
         value: bytes | None,
@@ -68,7 +69,7 @@ class Stage1Driver:
         return self.on_events(pstate, users, partition, offset, self.unseen(pstate, envelope), [])
 
     @staticmethod
-    def unseen(pstate: dict, envelope: Envelope) -> Batch:
+    def unseen(pstate: PartitionState, envelope: Envelope) -> Batch:
         """The envelope's events after the last source position this partition counted
         of its source partition (and that position, advanced).
 
@@ -92,8 +93,8 @@ class Stage1Driver:
 
     def on_events(
         self,
-        pstate: dict,
-        users: MutableMapping[str, dict],
+        pstate: PartitionState,
+        users: MutableMapping[str, UserEntry],
         partition: int,
         offset: int,
         events: Batch | list[Event],
@@ -108,8 +109,8 @@ class Stage1Driver:
 
     def on_marker(
         self,
-        pstate: dict,
-        users: MutableMapping[str, dict],
+        pstate: PartitionState,
+        users: MutableMapping[str, UserEntry],
         partition: int,
         value: bytes | None,
         timestamp_ms: int | None,
@@ -125,7 +126,7 @@ class Stage1Driver:
         return self.stage1.close_tick(pstate, partition, tick, owned), []
 
     @staticmethod
-    def done(pstate: dict, offset: int) -> None:
+    def done(pstate: PartitionState, offset: int) -> None:
         """Record ``offset`` is applied (after its outputs were acknowledged)."""
         pstate["last_offset"] = max(pstate["last_offset"], offset)
 

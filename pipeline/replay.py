@@ -21,8 +21,9 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
 
-from .drivers import Stage1Driver, Stage2Driver
+from .drivers import Rejected, Stage1Driver, Stage2Driver
 from .records import BATCH, BadRecord, Event, decode_events, partition_for
+from .stage1_state import UserEntry
 from .stages import Stage1, Stage2
 from .worker_support import limits_for
 
@@ -40,7 +41,7 @@ def replay(
     partitions = cfg.input.partitions
     driver1, driver2 = Stage1Driver(cfg), Stage2Driver(cfg, noise, partitions)
     limits = dataclasses.replace(limits_for(cfg), user_id_path=("user_id",))
-    users: dict[str, dict] = {}
+    users: dict[str, UserEntry] = {}
     pstates = [Stage1.new_partition_state() for _ in range(partitions)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
     sent = 0  # the stage-2 topic's offsets: one report after another, no holes
@@ -62,15 +63,17 @@ def replay(
                     yield from driver2.on_report(sstates[report.statistic], report, sent)[0]
                     sent += 1
             continue
+        dead: list[Rejected]
         try:
-            events, bad = decode_events(line, BATCH if isinstance(obj, list) else None, limits)
+            events, found = decode_events(line, BATCH if isinstance(obj, list) else None, limits)
+            dead = list(found)
         except BadRecord as exc:
-            events, bad = [], [(None, exc.reason)]
+            events, dead = [], [(None, exc.reason)]
         by_partition: dict[int, list[Event]] = {}
         for event in events:
             by_partition.setdefault(partition_for(event.user_id, partitions), []).append(event)
         for p, pstate in enumerate(pstates):
-            out = driver1.on_events(pstate, users, p, lineno, by_partition.get(p, []), bad)
+            out = driver1.on_events(pstate, users, p, lineno, by_partition.get(p, []), dead)
             if p == 0 and rejected is not None:  # the line's dead letters, once
                 rejected.extend((lineno, index or 0, reason) for index, reason in out)
             driver1.done(pstate, lineno)

@@ -7,8 +7,8 @@ and releases. Each statistic is a ``statistic.Statistic`` built by the registry 
 (``kinds.py``); this module calls only the contract, never a kind. All DP math lives in
 ``operators``; this module only routes numbers.
 
-Stage 1's states are plain JSON-able dicts with string keys, because they live in a Faust
-table; stage 2's is a ``Stage2State``, stored as its JSON.
+Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_state.py``
+(``PartitionState``, ``UserEntry``); stage 2's is a ``Stage2State``, stored as its JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 from .counting import UnitColumns, add_weights
 from .kinds import statistic_for
 from .records import Batch, Event, partition_for
+from .stage1_state import PartitionState, UserEntry, new_partition_state
 from .stage2_state import Stage2State, StatisticIdentity
 from .statistic import Report, Statistic, Users
 
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 3
 
 
-_UNUSED: dict[str, int] = {}  # a new user's "used"
+_UNUSED: dict[str, int] = {}  # a new user's ``used``
 
 
 class StatisticChanged(DpStreamError):
@@ -58,13 +59,13 @@ class Stage1:
         self._user_stats = [s for s in stats if s.counting is None]
 
     @staticmethod
-    def new_partition_state() -> dict:
-        return {"last_offset": -1, "last_tick": None, "pending": {}}
+    def new_partition_state() -> PartitionState:
+        return new_partition_state()
 
     def add_events(
         self,
-        pstate: dict,
-        users: MutableMapping[str, dict],
+        pstate: PartitionState,
+        users: MutableMapping[str, UserEntry],
         events: Batch | list[Event],
         offset: int,
         partition: int = 0,
@@ -74,14 +75,14 @@ class Stage1:
 
         The count and sum statistics advance over the whole record in numpy
         (``counting.UnitColumns``); the other kinds per user. One table write per user
-        per record: {"used": units per stream slot so far, "offset": the record, "kept":
-        the per-user kinds' weights from it (if any), "state"/"redo": see below}.
+        per record, a ``UserEntry`` (units per stream slot so far, the record, the per-user
+        kinds' weights from it, and the ``state``/``redo`` below).
 
         Idempotent per record, whichever of the table writes (user entries, then the
         partition state) survived a crash: a user entry remembers the offset it last
         applied and what it contributed then (a count or sum: the units this same record
         gives it again, before them used - units, ``_readded``; the per-user kinds:
-        "kept"), so a re-delivered record
+        ``kept``), so a re-delivered record
         * re-counts a user whose entry missed it (else the user could exceed tau), and
         * re-adds the contribution of a user whose entry has it but whose units the
           partition's pending sums lost (else the count would lose them).
@@ -90,8 +91,8 @@ class Stage1:
         so a crash keeps the table as it stood at some moment: only the LAST record's user
         entries can be ahead of the partition state, which is what this handles.
 
-        A statistic with per-user state keeps its user's state in the entry ("state") and what the
-        record did to the partition's state ("redo"), re-applied in the same case.
+        A statistic with per-user state keeps its user's state in the entry (``state``) and
+        what the record did to the partition's state (``redo``), re-applied in the same case.
         """
         batch = Batch.of(events)
         if not len(batch):
@@ -109,33 +110,34 @@ class Stage1:
         readds = None
         if not all(counts):
             readds = [
-                not (c or in_pending) and e["offset"] == offset
+                not (c or in_pending) and e is not None and e["offset"] == offset
                 for c, e in zip(counts, stored, strict=True)
-            ]  # type: ignore[index]
+            ]
             before, units = self._readded(stored, counts, readds, before, units)
         if not in_pending:
             columns.add_pending(pending, before, units)
         per_user = self._per_user or self._user_stats
         events_of = self._events_by_user(batch, rows) if per_user else None
         changed = columns.changed(before + units, units)
-        writes: list[tuple[str, dict]] = []
+        writes: list[tuple[str, UserEntry]] = []
         for i, (user_id, entry, count) in enumerate(zip(user_ids, stored, counts, strict=True)):
             if not count:
                 if readds is not None and readds[i]:
-                    for name, weights in entry.get("kept", {}).items():  # type: ignore[union-attr]
+                    assert entry is not None  # not counted: the user has an entry
+                    for name, weights in entry.get("kept", {}).items():
                         add_weights(pending.setdefault(name, {}), weights)
-                    self._redo(pstate, entry.get("redo", {}), partition)  # type: ignore[union-attr]
+                    self._redo(pstate, entry.get("redo", {}), partition)
                 continue
             used = changed[i] if entry is None else entry["used"] | changed[i]
-            new = {"used": used, "offset": offset}
+            new: UserEntry = {"used": used, "offset": offset}
             if events_of is not None:
-                self._add_per_user(pstate, entry or {}, new, events_of[i], partition, in_pending)
+                self._add_per_user(pstate, entry, new, events_of[i], partition, in_pending)
             writes.append((user_id, new))
         users.update(writes)  # each user once: the record's writes at once
 
     def _readded(
         self,
-        stored: list[dict | None],
+        stored: list[UserEntry | None],
         counts: list[bool],
         readds: list[bool],
         before: np.ndarray,
@@ -146,10 +148,10 @@ class Stage1:
         pending sums lost: the same units (the same record, cut by ``unseen`` against the
         same partition state, the one from before it), before them used - units; any
         other user: none. An entry written before the count and sum kinds were counted
-        in numpy has their weights in "kept" (re-added from there)."""
+        in numpy has their weights in ``kept`` (re-added from there)."""
         names = {stat.name for stat in self._columns.stats}
         keep = [
-            c or (r and not names & e.get("kept", {}).keys())  # type: ignore[union-attr]
+            c or (r and e is not None and not names & e.get("kept", {}).keys())
             for c, r, e in zip(counts, readds, stored, strict=True)
         ]
         mask, counting = np.array(keep)[:, None], np.array(counts)[:, None]
@@ -157,9 +159,9 @@ class Stage1:
 
     def _add_per_user(
         self,
-        pstate: dict,
-        stored: dict,
-        entry: dict,
+        pstate: PartitionState,
+        stored: UserEntry | None,
+        entry: UserEntry,
         events: list[Event],
         partition: int,
         in_pending: bool,
@@ -185,9 +187,9 @@ class Stage1:
 
     def _apply_user_stats(
         self,
-        pstate: dict,
-        stored: dict,
-        entry: dict,
+        pstate: PartitionState,
+        stored: UserEntry | None,
+        entry: UserEntry,
         events: list[Event],
         partition: int,
         in_pending: bool,
@@ -196,7 +198,8 @@ class Stage1:
         # cannot follow from the one-changelog write order; the user's state is still
         # advanced, the partition's is not touched twice.
         slots = pstate.setdefault("stats", {})
-        states, redos = dict(stored.get("state", {})), {}
+        states = dict(stored.get("state", {})) if stored is not None else {}
+        redos: dict[str, Any] = {}
         for stat in self._user_stats:
             mine = [e for e in events if stat.counts(e)]
             if not mine:
@@ -208,7 +211,7 @@ class Stage1:
                 slots[stat.name] = slot
         entry["state"], entry["redo"] = states, redos
 
-    def _redo(self, pstate: dict, redos: dict, partition: int) -> None:
+    def _redo(self, pstate: PartitionState, redos: dict[str, Any], partition: int) -> None:
         if not redos:
             return
         slots = pstate.setdefault("stats", {})
@@ -218,10 +221,10 @@ class Stage1:
 
     def close_tick(
         self,
-        pstate: dict,
+        pstate: PartitionState,
         partition: int,
         tick: int,
-        users: Callable[[], Iterable[tuple[str, dict]]] = tuple,
+        users: Callable[[], Iterable[tuple[str, UserEntry]]] = tuple,
     ) -> list[Report]:
         """Handle tick marker ``tick``; a duplicate or stale marker yields nothing.
 
@@ -237,7 +240,7 @@ class Stage1:
             Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}))
             for stat in self._stats
         ]
-        slots = pstate.setdefault("stats", {}) if self._user_stats else {}
+        slots: dict[str, Any] = pstate.setdefault("stats", {}) if self._user_stats else {}
         for stat in self._user_stats:
             slots[stat.name], payload = stat.close_tick(
                 slots.get(stat.name), partition, from_tick, tick, _states_of(stat.name, users)
@@ -249,8 +252,8 @@ class Stage1:
 
 
 def users_of_partition(
-    users: Mapping[str, dict], partition: int, partitions: int
-) -> Callable[[], Iterable[tuple[str, dict]]]:
+    users: Mapping[str, UserEntry], partition: int, partitions: int
+) -> Callable[[], Iterable[tuple[str, UserEntry]]]:
     """For ``Stage1.close_tick``: the entries in ``users`` of the partition's users (a
     worker's table holds every partition it owns)."""
     return lambda: (
@@ -260,7 +263,7 @@ def users_of_partition(
     )
 
 
-def _states_of(name: str, users: Callable[[], Iterable[tuple[str, dict]]]) -> Users:
+def _states_of(name: str, users: Callable[[], Iterable[tuple[str, UserEntry]]]) -> Users:
     def states() -> Iterable[tuple[str, Any]]:
         for user_id, entry in users():
             state = entry.get("state", {}).get(name)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from dpstream.operators.noise import NoiseSource
 
+from .counting import UnitCounting
 from .records import Event
 
 
@@ -74,23 +75,12 @@ class Step:
     ledger: tuple[dict[str, Any], ...] = ()
 
 
-class Counting(Protocol):
-    """Stage 1 of a statistic whose users contribute unit weights (count, sum, histogram,
-    kselect, distinct, the whole-user mean): one shared ``used`` map per user and the
-    tick's weights, summed over users, in the report (``pipeline.counting``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def add(self, events: list[Event], used: dict[str, int], kept: dict[str, dict]) -> None: ...
-
-
 class Statistic(Protocol):
     """One statistic of one kind, as both stages see it. Every state, redo record and
     payload is plain JSON (they live in Faust tables and on the stage-2 topic).
 
     Stage 1 has one of two forms. ``counting`` not None: the statistic's users contribute
-    unit weights (``Counting.add``), sent as the report's ``weights``. ``counting`` None:
+    unit weights (``counting.UnitCounting``), sent as the report's ``weights``. ``counting`` None:
     its state is per user and per partition (continual means, per-cell means); stage 1
     calls ``counts`` and ``apply`` once per (record, user) with the user's events that
     count, ``redo`` when a re-delivered record's user entry survived a crash but the
@@ -119,7 +109,7 @@ class Statistic(Protocol):
         ...
 
     @property
-    def counting(self) -> Counting | None: ...
+    def counting(self) -> UnitCounting | None: ...
 
     # ------------------------------------------------------------ stage 1, per-user state
 
