@@ -25,6 +25,7 @@ from .records import (
     event_json,
     header_kind,
 )
+from .stage1_state import new_partition_state
 
 
 def make_producer(
@@ -171,7 +172,7 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
     for p in range(partitions):
         by_tick: dict[int, list[dict]] = defaultdict(list)
         buffered: list[dict] = []
-        sources: dict = {}
+        positions = new_partition_state()  # only its sources: what unseen has counted
         first = last = None
         for _, headers, value, timestamp in per_partition[p]:
             kind = header_kind(headers)
@@ -186,7 +187,7 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
                     first = tick if first is None else first
                     last = tick
                 elif kind == ENVELOPE:
-                    events = Stage1Driver.unseen(sources, decode_envelope(value))
+                    events = Stage1Driver.unseen(positions, decode_envelope(value))
                     buffered += [event_json(e) for e in events]
             except BadRecord:
                 continue

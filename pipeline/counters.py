@@ -329,10 +329,11 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
             stat, distinct_count, spec, ul.UserLevelState, distinct_count.MECHANISM
         )
     if kind == "kselect":
-        rank = {"max": {"k": 1}, "median": {"quantile": Fraction(1, 2)}}.get(
-            stat.rank,  # type: ignore[arg-type]
-            {"k": stat.rank},
-        )
+        named: dict[object, dict[str, Any]] = {
+            "max": {"k": 1},
+            "median": {"quantile": Fraction(1, 2)},
+        }
+        rank = named.get(stat.rank, {"k": stat.rank})
         # Chernoff: the guaranteed bound of S(r)'s actual noise; eq. (3) is far looser.
         spec = k_selection.make_k_selection(
             stat.name,

@@ -1,4 +1,5 @@
-"""The contract every statistic kind implements (``Statistic``), what one closed tick
+"""The contract every statistic kind implements (``Statistic``: a ``CountingStatistic`` or
+a ``PerUserStatistic``), what one closed tick
 gives (``Step``) and what stage 1 reports to stage 2 (``Report``).
 
 They live apart from the code that drives the stages (``stages.py``), from the lookup of
@@ -75,17 +76,10 @@ class Step:
     ledger: tuple[dict[str, Any], ...] = ()
 
 
-class Statistic(Protocol):
-    """One statistic of one kind, as both stages see it. Every state, redo record and
-    payload is plain JSON (they live in Faust tables and on the stage-2 topic).
-
-    Stage 1 has one of two forms. ``counting`` not None: the statistic's users contribute
-    unit weights (``counting.UnitCounting``), sent as the report's ``weights``. ``counting`` None:
-    its state is per user and per partition (continual means, per-cell means); stage 1
-    calls ``counts`` and ``apply`` once per (record, user) with the user's events that
-    count, ``redo`` when a re-delivered record's user entry survived a crash but the
-    partition state did not (see ``Stage1.add_events``), and ``close_tick`` at a marker,
-    whose payload is the report's ``payload``.
+class StatisticBase(Protocol):
+    """What every statistic has, whichever form its stage 1 takes: its names and its
+    stage 2. Every state, redo record and payload is plain JSON (they live in Faust
+    tables and on the stage-2 topic).
 
     Stage 2 files each report's ``parts`` under their ticks, ``merge``s the parts of one
     tick, and calls ``step`` once per closed tick (pending None: no partition had
@@ -94,7 +88,7 @@ class Statistic(Protocol):
     """
 
     # Read-only: an implementation holds them as frozen fields or properties, and may
-    # narrow them (``counting`` always None, ``neighbours`` always a str).
+    # narrow them (``neighbours`` always a str).
     @property
     def name(self) -> str: ...
 
@@ -107,30 +101,6 @@ class Statistic(Protocol):
     def neighbours(self) -> str | None:
         """The neighbouring relation its guarantee is stated for (None: the pipeline's)."""
         ...
-
-    @property
-    def counting(self) -> UnitCounting | None: ...
-
-    # ------------------------------------------------------------ stage 1, per-user state
-
-    def counts(self, event: Event) -> bool: ...
-
-    def apply(
-        self, pstate: Any, ustate: Any, events: list[Event], partition: int
-    ) -> tuple[Any, Any, Any]:
-        """(partition state, user state, redo record) after the user's events."""
-        ...
-
-    def redo(self, pstate: Any, redo: Any, partition: int) -> Any: ...
-
-    def close_tick(
-        self, pstate: Any, partition: int, from_tick: int, tick: int, users: Users
-    ) -> tuple[Any, Any]:
-        """(partition state, payload or None) at the marker of ``tick``; the ticks
-        ``from_tick..tick-1`` were empty (markers caught up after a gap)."""
-        ...
-
-    # ------------------------------------------------------------ stage 2
 
     def parts(self, report: Report) -> list[tuple[int, Any]]:
         """What the report brings, as (tick, part) pairs, ticks in ``from_tick..tick``
@@ -149,6 +119,48 @@ class Statistic(Protocol):
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The statistic's first ledger entry, from the common one (``entry``)."""
         ...
+
+
+class CountingStatistic(StatisticBase, Protocol):
+    """A statistic whose users contribute unit weights: stage 1 counts them with its
+    ``counting`` (``pipeline.counting``, shared by these kinds) and sends their sums as
+    the report's ``weights``."""
+
+    @property
+    def counting(self) -> UnitCounting: ...
+
+
+class PerUserStatistic(StatisticBase, Protocol):
+    """A statistic whose state is per user and per partition (continual means, per-cell
+    means): stage 1 calls ``counts`` and ``apply`` once per (record, user) with the
+    user's events that count, ``redo`` when a re-delivered record's user entry survived
+    a crash but the partition state did not (see ``Stage1.add_events``), and
+    ``close_tick`` at a marker, whose payload is the report's ``payload``."""
+
+    @property
+    def counting(self) -> None: ...
+
+    def counts(self, event: Event) -> bool: ...
+
+    def apply(
+        self, pstate: Any, ustate: Any, events: list[Event], partition: int
+    ) -> tuple[Any, Any, Any]:
+        """(partition state, user state, redo record) after the user's events."""
+        ...
+
+    def redo(self, pstate: Any, redo: Any, partition: int) -> Any: ...
+
+    def close_tick(
+        self, pstate: Any, partition: int, from_tick: int, tick: int, users: Users
+    ) -> tuple[Any, Any]:
+        """(partition state, payload or None) at the marker of ``tick``; the ticks
+        ``from_tick..tick-1`` were empty (markers caught up after a gap)."""
+        ...
+
+
+Statistic = CountingStatistic | PerUserStatistic
+"""One statistic of one kind, as both stages see it: stage 1 takes one of two forms,
+told apart by ``counting`` (None: per-user state)."""
 
 
 class WeightsStage2:
