@@ -28,7 +28,8 @@ next (aiokafka drops what it had buffered for them and fetches anew). If they ar
 stalled ``stall_after`` seconds later, it ends the worker at once (``exits.exit_now``:
 exit status 70, no Faust shutdown, which can hang), and a restarted one (whatever restarts
 a failed worker) recovers its tables from the changelogs, which any SIGKILL already
-requires (the crash tests of ``tests/integration/test_faults.py``).
+requires (the crash tests of ``tests/integration/test_faults.py``). Before its seek it logs
+where aiokafka and Faust stand on the stalled partitions (:func:`fetch_state`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import faust
@@ -108,6 +109,7 @@ class RecoveryWatchdog:
                 names,
             )
             consumer = self.app.consumer
+            log.warning("table recovery: before the seek, %s", fetch_state(consumer, stalled))
             consumer.resume_partitions(set(stalled))
             await consumer.seek_wait(stalled)
         elif now - self._reseek[1] >= self.stall_after:
@@ -116,6 +118,25 @@ class RecoveryWatchdog:
                 names,
             )
             exit_now()
+
+
+def fetch_state(consumer: Any, tps: Iterable[Any]) -> str:
+    """Where the fetching of ``tps`` stands, for the log: Faust's flow, then per partition
+    aiokafka's position and highwater (``None`` if unknown) and whether Faust's consumer
+    asks for it (its active partitions). Read from the consumer thread's state without a
+    lock: a snapshot that may be a moment old."""
+    subscription = consumer._thread._ensure_consumer()._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    active = consumer._active_partitions or ()
+    parts = []
+    for tp in sorted(tps):
+        state = assignment.state_value(tp) if assignment is not None else None
+        position = state.position if state is not None and state.has_valid_position else None
+        highwater = state.highwater if state is not None else None
+        asked = "fetched" if tp in active else "paused"
+        parts.append(f"{tp.topic}[{tp.partition}] at {position} of {highwater}, {asked}")
+    flow = "on" if consumer.flow_active else "stopped"
+    return f"Faust's flow {flow}; " + "; ".join(parts)
 
 
 def watch_recovery(app: faust.App, stall_after: float = STALL_SECONDS) -> RecoveryWatchdog:

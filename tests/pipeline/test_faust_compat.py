@@ -142,11 +142,20 @@ def test_a_memory_table_exposes_its_entries_and_key_partitions():
 
 
 class SeekRecorder:
-    """What the watchdog uses of Faust's consumer, recorded."""
+    """What the watchdog uses of Faust's consumer, recorded; aiokafka's state of every
+    partition: read up to its highwater, 85."""
 
     def __init__(self) -> None:
         self.resumed: list[set] = []
         self.seeks: list[dict] = []
+        self.flow_active = True
+        self._active_partitions: set = set()  # Faust paused them all
+        read_out = SimpleNamespace(has_valid_position=True, position=85, highwater=85)
+        assignment = SimpleNamespace(state_value=lambda tp: read_out)
+        aiokafka = SimpleNamespace(
+            _subscription=SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
+        )
+        self._thread = SimpleNamespace(_ensure_consumer=lambda: aiokafka)
 
     def resume_partitions(self, tps) -> None:
         self.resumed.append(set(tps))
@@ -184,8 +193,15 @@ def test_a_stalled_table_recovery_is_sought_again_then_the_worker_stops(monkeypa
     assert consumer.seeks == [] and crashes == []
     # 15 s without a record of `stalled` (none since the start; -1 is read from 0); `done`
     # has nothing left; `moving` received one 1 s ago.
-    at(15.0, moving_received=14.0)
+    with caplog.at_level(logging.WARNING):
+        at(15.0, moving_received=14.0)
     assert consumer.resumed == [{stalled}] and consumer.seeks == [{stalled: 0}]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "table recovery: no changelog record for 15 s from app-stage1-changelog[0]@0; "
+        "seeking them again",
+        "table recovery: before the seek, Faust's flow on; "
+        "app-stage1-changelog[0] at 85 of 85, paused",
+    ]
     at(29.0, moving_received=28.0)  # still nothing, but the seek was 14 s ago
     assert len(consumer.seeks) == 1 and crashes == []
     with caplog.at_level(logging.CRITICAL):
