@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import faust
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
@@ -245,3 +247,79 @@ def test_the_worker_app_runs_the_recovery_watchdog(tmp_path, monkeypatch):
     assert len(started) == 1 and started[0].cr_code.co_name == "run"
     assert watchdog.task is started[0] and watchdog.stall_after == 8.0
     started[0].close()
+
+
+class FetchingConsumer:
+    """What the consumer thread's fetch uses of aiokafka's consumer: ``fetched_records``
+    returns ``batch`` after ``during_fetch`` ran (the main thread acting meanwhile)."""
+
+    def __init__(self, batch: dict, during_fetch=lambda: None) -> None:
+        self._closed = False
+        self._fetcher = SimpleNamespace(
+            _closed=False,
+            _subscriptions=SimpleNamespace(fetch_context=contextlib.nullcontext),
+            fetched_records=self.fetched_records,
+        )
+        self.batch = batch
+        self.during_fetch = during_fetch
+        self.asked: list = []
+        self.seeks: list = []
+
+    async def fetched_records(self, partitions, timeout=0, max_records=None):
+        self.asked.append(partitions)
+        self.during_fetch()
+        return self.batch
+
+    def seek(self, tp, offset):
+        self.seeks.append((tp, offset))
+
+
+def record(offset: int) -> SimpleNamespace:
+    return SimpleNamespace(offset=offset)
+
+
+def worker_consumer_thread(tmp_path):
+    cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
+                        "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
+    thread = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path).consumer._thread
+    assert type(thread) is transport.ConsumerThread
+    return thread
+
+
+def test_a_fetch_asks_for_the_partitions_active_when_it_starts_never_all(tmp_path):
+    thread = worker_consumer_thread(tmp_path)
+    events, changelog = TP("events", 0), TP("app-stage1-changelog", 1)
+    active = {events}  # Faust's live set, as its fetch loop passes it
+    batch = {events: [record(5), record(6)]}
+    aiokafka = FetchingConsumer(batch, during_fetch=lambda: active.add(changelog))
+    assert asyncio.run(thread._fetch_records(aiokafka, active, timeout=1.0)) == batch
+    assert aiokafka.asked == [{events}]  # a copy: the live set changed during the call
+    assert aiokafka.seeks == []
+    # Faust paused every partition (the set is empty, in place): aiokafka would read an
+    # empty set as every partition; nothing is asked for and nothing returned.
+    active.clear()
+    assert asyncio.run(thread._fetch_records(aiokafka, active, timeout=1.0)) == {}
+    assert len(aiokafka.asked) == 1
+
+
+def test_records_fetched_after_the_flow_stopped_are_handed_back_to_aiokafka(tmp_path):
+    thread = worker_consumer_thread(tmp_path)
+    faust_consumer = thread.consumer
+    events, changelog = TP("events", 2), TP("app-stage1-changelog", 3)
+    faust_consumer.resume_partitions({events, changelog})
+    active = faust_consumer._get_active_partitions()  # the live set Faust's loop passes
+
+    def revocation() -> None:  # what Faust's on_rebalance does while aiokafka waits
+        faust_consumer.stop_flow()
+        faust_consumer.pause_partitions(set(active))
+
+    batch = {changelog: [record(0), record(1), record(2)], events: [record(40)]}
+    aiokafka = FetchingConsumer(batch, during_fetch=revocation)
+    assert asyncio.run(thread._fetch_records(aiokafka, active, timeout=1.0)) == {}
+    assert aiokafka.asked == [{events, changelog}] and active == set()
+    # Each partition back to its first returned record: fetched again, nothing lost.
+    assert sorted(aiokafka.seeks) == [(changelog, 0), (events, 40)]
+    # A fetch that starts while the flow is stopped returns nothing (Faust's own check).
+    faust_consumer.resume_partitions({events})
+    assert asyncio.run(thread._fetch_records(aiokafka, {events}, timeout=1.0)) == {}
+    assert len(aiokafka.asked) == 1
