@@ -5,7 +5,8 @@ Everything here was written for, and tested with, the versions in :data:`WRITTEN
 since each piece reaches past a public API:
 
 * ``transport``: the worker's Kafka transport, Faust's aiokafka one with its consumer's
-  seek to committed offsets fixed for dpstream's own app (no process-wide patch).
+  seek to committed offsets and its consumer thread's fetch fixed for dpstream's own app
+  (no process-wide patch).
 * ``internals``: what ``pipeline/changelog.py`` needs of a Faust app and table: the
   aiokafka producer, the memory store's dicts, and a producer flush that sends
   dpstream's changelog windows first.

@@ -12,12 +12,25 @@ after the other worker's SIGKILL, read its kept changelog partitions to their hi
 received not one record of the partitions it took over; 1 of 20 local runs) and in the
 ingest's crash test. faust-streaming #74 (the stream buffer full during recovery) is one
 way in; 0.15.3 has its fix (``Consumer.on_buffer_full`` keeps partitions fetched during
-recovery), and the hang remained. The cause inside the consumer was not found: the hung
-worker's task dump (mode's SIGUSR1) showed Faust's fetch loop waiting on aiokafka for
-records, and aiokafka delivering none of those partitions, while nothing else was blocked.
-Every stall seen (4 more, each ended by the watchdog's seek within 1.3 s) was of
-partitions Faust read from offset 0 (nothing read before); never of partitions it
-continued from a later offset.
+recovery), and the hang remained.
+
+The cause was in Faust's consumer (``transport.py`` explains it and holds the fix): a
+fetch call under way across a rebalance asked aiokafka for every partition (Faust's set of
+active partitions, emptied in place by the revocation's pause) and took the changelog
+records fetched between the recovery's seek and its resume of those partitions; Faust
+dropped them, its flow still stopped, and aiokafka's position had moved past them. That
+window lasts 2-7 ms, and aiokafka keeps a fetch under way at a seek only when its offset
+is the one sought, as it always is for a partition read from offset 0: every stall seen (4
+more after the first ones, each ended by the watchdog's seek within 1.3 s) was of
+partitions read from 0. Measured with
+``test_two_workers_one_dies_the_survivor_takes_over`` and the window widened by a 0.3 s
+sleep after the recovery's seek (a test-only hook): before the fix the watchdog acted in 4
+of 11 runs (5 times; every partition it found stalled was among those a fetch call had
+returned after the flow stopped, some read from later offsets), after it in 0 of 11;
+without the sleep, in 0 of 15 runs after it, and in 0 of 15 before it too (3 of 20
+earlier: too rare to compare at that count), while the fetch calls that came back after
+the flow stopped held changelog records in 25 of 29 cases before and 0 of 26 after. The
+watchdog stays, as a backstop.
 
 :class:`RecoveryWatchdog` looks every few seconds. A partition is *stalled* when Faust is
 in recovery, the partition still has records to read (``Recovery.active_remaining``), and
@@ -28,7 +41,8 @@ next (aiokafka drops what it had buffered for them and fetches anew). If they ar
 stalled ``stall_after`` seconds later, it ends the worker at once (``exits.exit_now``:
 exit status 70, no Faust shutdown, which can hang), and a restarted one (whatever restarts
 a failed worker) recovers its tables from the changelogs, which any SIGKILL already
-requires (the crash tests of ``tests/integration/test_faults.py``).
+requires (the crash tests of ``tests/integration/test_faults.py``). Before its seek it logs
+where aiokafka and Faust stand on the stalled partitions (:func:`fetch_state`).
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import faust
@@ -108,6 +122,7 @@ class RecoveryWatchdog:
                 names,
             )
             consumer = self.app.consumer
+            log.warning("table recovery: before the seek, %s", fetch_state(consumer, stalled))
             consumer.resume_partitions(set(stalled))
             await consumer.seek_wait(stalled)
         elif now - self._reseek[1] >= self.stall_after:
@@ -116,6 +131,25 @@ class RecoveryWatchdog:
                 names,
             )
             exit_now()
+
+
+def fetch_state(consumer: Any, tps: Iterable[Any]) -> str:
+    """Where the fetching of ``tps`` stands, for the log: Faust's flow, then per partition
+    aiokafka's position and highwater (``None`` if unknown) and whether Faust's consumer
+    asks for it (its active partitions). Read from the consumer thread's state without a
+    lock: a snapshot that may be a moment old."""
+    subscription = consumer._thread._ensure_consumer()._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    active = consumer._active_partitions or ()
+    parts = []
+    for tp in sorted(tps):
+        state = assignment.state_value(tp) if assignment is not None else None
+        position = state.position if state is not None and state.has_valid_position else None
+        highwater = state.highwater if state is not None else None
+        asked = "fetched" if tp in active else "paused"
+        parts.append(f"{tp.topic}[{tp.partition}] at {position} of {highwater}, {asked}")
+    flow = "on" if consumer.flow_active else "stopped"
+    return f"Faust's flow {flow}; " + "; ".join(parts)
 
 
 def watch_recovery(app: faust.App, stall_after: float = STALL_SECONDS) -> RecoveryWatchdog:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import faust
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
@@ -142,11 +144,20 @@ def test_a_memory_table_exposes_its_entries_and_key_partitions():
 
 
 class SeekRecorder:
-    """What the watchdog uses of Faust's consumer, recorded."""
+    """What the watchdog uses of Faust's consumer, recorded; aiokafka's state of every
+    partition: read up to its highwater, 85."""
 
     def __init__(self) -> None:
         self.resumed: list[set] = []
         self.seeks: list[dict] = []
+        self.flow_active = True
+        self._active_partitions: set = set()  # Faust paused them all
+        read_out = SimpleNamespace(has_valid_position=True, position=85, highwater=85)
+        assignment = SimpleNamespace(state_value=lambda tp: read_out)
+        aiokafka = SimpleNamespace(
+            _subscription=SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
+        )
+        self._thread = SimpleNamespace(_ensure_consumer=lambda: aiokafka)
 
     def resume_partitions(self, tps) -> None:
         self.resumed.append(set(tps))
@@ -184,8 +195,15 @@ def test_a_stalled_table_recovery_is_sought_again_then_the_worker_stops(monkeypa
     assert consumer.seeks == [] and crashes == []
     # 15 s without a record of `stalled` (none since the start; -1 is read from 0); `done`
     # has nothing left; `moving` received one 1 s ago.
-    at(15.0, moving_received=14.0)
+    with caplog.at_level(logging.WARNING):
+        at(15.0, moving_received=14.0)
     assert consumer.resumed == [{stalled}] and consumer.seeks == [{stalled: 0}]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "table recovery: no changelog record for 15 s from app-stage1-changelog[0]@0; "
+        "seeking them again",
+        "table recovery: before the seek, Faust's flow on; "
+        "app-stage1-changelog[0] at 85 of 85, paused",
+    ]
     at(29.0, moving_received=28.0)  # still nothing, but the seek was 14 s ago
     assert len(consumer.seeks) == 1 and crashes == []
     with caplog.at_level(logging.CRITICAL):
@@ -229,3 +247,79 @@ def test_the_worker_app_runs_the_recovery_watchdog(tmp_path, monkeypatch):
     assert len(started) == 1 and started[0].cr_code.co_name == "run"
     assert watchdog.task is started[0] and watchdog.stall_after == 8.0
     started[0].close()
+
+
+class FetchingConsumer:
+    """What the consumer thread's fetch uses of aiokafka's consumer: ``fetched_records``
+    returns ``batch`` after ``during_fetch`` ran (the main thread acting meanwhile)."""
+
+    def __init__(self, batch: dict, during_fetch=lambda: None) -> None:
+        self._closed = False
+        self._fetcher = SimpleNamespace(
+            _closed=False,
+            _subscriptions=SimpleNamespace(fetch_context=contextlib.nullcontext),
+            fetched_records=self.fetched_records,
+        )
+        self.batch = batch
+        self.during_fetch = during_fetch
+        self.asked: list = []
+        self.seeks: list = []
+
+    async def fetched_records(self, partitions, timeout=0, max_records=None):
+        self.asked.append(partitions)
+        self.during_fetch()
+        return self.batch
+
+    def seek(self, tp, offset):
+        self.seeks.append((tp, offset))
+
+
+def record(offset: int) -> SimpleNamespace:
+    return SimpleNamespace(offset=offset)
+
+
+def worker_consumer_thread(tmp_path):
+    cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
+                        "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
+    thread = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path).consumer._thread
+    assert type(thread) is transport.ConsumerThread
+    return thread
+
+
+def test_a_fetch_asks_for_the_partitions_active_when_it_starts_never_all(tmp_path):
+    thread = worker_consumer_thread(tmp_path)
+    events, changelog = TP("events", 0), TP("app-stage1-changelog", 1)
+    active = {events}  # Faust's live set, as its fetch loop passes it
+    batch = {events: [record(5), record(6)]}
+    aiokafka = FetchingConsumer(batch, during_fetch=lambda: active.add(changelog))
+    assert asyncio.run(thread._fetch_records(aiokafka, active, timeout=1.0)) == batch
+    assert aiokafka.asked == [{events}]  # a copy: the live set changed during the call
+    assert aiokafka.seeks == []
+    # Faust paused every partition (the set is empty, in place): aiokafka would read an
+    # empty set as every partition; nothing is asked for and nothing returned.
+    active.clear()
+    assert asyncio.run(thread._fetch_records(aiokafka, active, timeout=1.0)) == {}
+    assert len(aiokafka.asked) == 1
+
+
+def test_records_fetched_after_the_flow_stopped_are_handed_back_to_aiokafka(tmp_path):
+    thread = worker_consumer_thread(tmp_path)
+    faust_consumer = thread.consumer
+    events, changelog = TP("events", 2), TP("app-stage1-changelog", 3)
+    faust_consumer.resume_partitions({events, changelog})
+    active = faust_consumer._get_active_partitions()  # the live set Faust's loop passes
+
+    def revocation() -> None:  # what Faust's on_rebalance does while aiokafka waits
+        faust_consumer.stop_flow()
+        faust_consumer.pause_partitions(set(active))
+
+    batch = {changelog: [record(0), record(1), record(2)], events: [record(40)]}
+    aiokafka = FetchingConsumer(batch, during_fetch=revocation)
+    assert asyncio.run(thread._fetch_records(aiokafka, active, timeout=1.0)) == {}
+    assert aiokafka.asked == [{events, changelog}] and active == set()
+    # Each partition back to its first returned record: fetched again, nothing lost.
+    assert sorted(aiokafka.seeks) == [(changelog, 0), (events, 40)]
+    # A fetch that starts while the flow is stopped returns nothing (Faust's own check).
+    faust_consumer.resume_partitions({events})
+    assert asyncio.run(thread._fetch_records(aiokafka, {events}, timeout=1.0)) == {}
+    assert len(aiokafka.asked) == 1
