@@ -39,9 +39,17 @@ unit: $(STAMP)
 # Then the type hints of the installed packages ([tool.mypy] in pyproject.toml says which).
 LINT_DIRS := operators pipeline config deploy testing tests bench experiments
 
+# The repository root is the dpstream package (setuptools' package-dir), and the packages
+# import one another as dpstream.<package>. mypy cannot follow the editable install's import
+# hook, so it reads them through $(MYPY_ROOT)/dpstream, a link to the root, as
+# dpstream.<package> (mypy_path in pyproject.toml): every module once, under the name it
+# is imported by, and nothing else of the root (tests, bench, experiments, .venv).
+MYPY_ROOT := .mypy-root
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(LINT_DIRS)
+	mkdir -p $(MYPY_ROOT) && ln -sfn .. $(MYPY_ROOT)/dpstream
 	$(VENV)/bin/mypy
 
 # The broker and worker images from the project's own files (debootstrap: root needed once).
@@ -57,4 +65,4 @@ compose-down:
 	DPSTREAM_NOISE_KEY=unused $(COMPOSE) -f $(COMPOSE_FILE) down
 
 clean:
-	rm -rf $(VENV) deploy/.cache .dpstream demo-out
+	rm -rf $(VENV) deploy/.cache .dpstream demo-out $(MYPY_ROOT)

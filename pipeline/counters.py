@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from dpstream.config.schema import Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
@@ -30,6 +30,8 @@ from dpstream.operators.user_level import (
 from .counting import UnitCounting
 from .statistic import Statistic, Step, WeightsStage2
 from .weight_keys import DELETES, INSERTS, KEPT_UNITS, distinct_values, parse_weights
+
+Param = TypeVar("Param")
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
@@ -119,30 +121,47 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
     mechanism, k = stat.mechanism, stat.k
     if mechanism == "auto":
         # Public parameters only: choosing costs no privacy (docs/papers.md).
-        mechanism, k = kary_tree.choose_tree(epsilon, sensitivity, stat.horizon_ticks, prefix)
+        horizon = _required(stat.horizon_ticks, "horizon_ticks", "mechanism auto")
+        mechanism, k = kary_tree.choose_tree(epsilon, sensitivity, horizon, prefix)
     if mechanism == "binary":
-        spec = tree_counter.make_binary_tree(epsilon, sensitivity, prefix)
+        binary = tree_counter.make_binary_tree(epsilon, sensitivity, prefix)
         return Counter(
-            *common, tree_counter.MECHANISM, tree_counter, spec, tree_counter.BinaryTreeState
+            *common, tree_counter.MECHANISM, tree_counter, binary, tree_counter.BinaryTreeState
         )
     if mechanism in ("kary", "kary_subtract"):
-        spec = kary_tree.make_kary_tree(
-            epsilon, sensitivity, prefix, k, subtract=mechanism == "kary_subtract"
+        kary = kary_tree.make_kary_tree(
+            epsilon,
+            sensitivity,
+            prefix,
+            _required(k, "k", f"mechanism {mechanism}"),
+            subtract=mechanism == "kary_subtract",
         )
-        return Counter(*common, kary_tree.mechanism(spec), kary_tree, spec, kary_tree.KaryTreeState)
+        return Counter(*common, kary_tree.mechanism(kary), kary_tree, kary, kary_tree.KaryTreeState)
     if mechanism == "expiring":
-        spec = expiring_tree.make_expiring_tree(
-            epsilon, sensitivity, prefix, Fraction(repr(stat.lam)), stat.delay
+        expiring = expiring_tree.make_expiring_tree(
+            epsilon,
+            sensitivity,
+            prefix,
+            Fraction(repr(_required(stat.lam, "lambda", "mechanism expiring"))),
+            stat.delay,
         )
         return Counter(
             *common,
             expiring_tree.MECHANISM,
             expiring_tree,
-            spec,
+            expiring,
             expiring_tree.ExpiringTreeState,
-            privacy_loss=lambda d: expiring_tree.privacy_loss(spec, d),
+            privacy_loss=lambda d: expiring_tree.privacy_loss(expiring, d),
         )
     raise ValueError(f"unknown mechanism {mechanism!r}")  # the config schema rules this out
+
+
+def _required(value: Param | None, name: str, needed_by: str) -> Param:
+    """A parameter the config schema requires for ``needed_by`` (a kind or mechanism), so
+    never None in a validated config."""
+    if value is None:
+        raise ValueError(f"{name}: required for {needed_by}")
+    return value
 
 
 def expiration_curve(counter: Counter, max_age: int = 1 << 20) -> list[dict[str, float]]:
@@ -211,6 +230,7 @@ class UserLevelCounter(WeightsStage2):
         op_state = self.module.init(self.spec) if old.operator is None else self._load(old.operator)
         bands, crossings = parse_weights(weights, INSERTS)
         min_band = old.min_band
+        rel: ul.UserLevelRelease | deletions.DeletionsRelease | k_selection.KSelectionRelease
         if self.stat.kind == "distinct":
             min_band = dict(min_band or {})
             updates, units = distinct_count.first_occurrence_units(
@@ -322,11 +342,11 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
     }
     kind = stat.kind
     if kind == "distinct":
-        spec = distinct_count.make_distinct_count(
+        distinct = distinct_count.make_distinct_count(
             stat.name, eps, beta, theta, any_subset=any_subset, **options
         )
         return UserLevelCounter(
-            stat, distinct_count, spec, ul.UserLevelState, distinct_count.MECHANISM
+            stat, distinct_count, distinct, ul.UserLevelState, distinct_count.MECHANISM
         )
     if kind == "kselect":
         named: dict[object, dict[str, Any]] = {
@@ -335,9 +355,9 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
         }
         rank = named.get(stat.rank, {"k": stat.rank})
         # Chernoff: the guaranteed bound of S(r)'s actual noise; eq. (3) is far looser.
-        spec = k_selection.make_k_selection(
+        kselect = k_selection.make_k_selection(
             stat.name,
-            stat.bins,
+            _required(stat.bins, "bins", "kind kselect"),
             eps,
             beta,
             theta,
@@ -347,14 +367,16 @@ def user_level_counter_for(stat: StatisticConfig, any_subset: bool) -> UserLevel
             **rank,
             **options,
         )
-        return UserLevelCounter(stat, k_selection, spec, k_selection.KSelectionState, "k_selection")
-    bins = stat.bins if kind == "histogram" else 1
+        return UserLevelCounter(
+            stat, k_selection, kselect, k_selection.KSelectionState, "k_selection"
+        )
+    bins = _required(stat.bins, "bins", "kind histogram") if kind == "histogram" else 1
     if stat.deletions:
-        spec = deletions.make_deletions(
+        with_deletions = deletions.make_deletions(
             stat.name, kind, eps, beta, theta, bins=bins, any_subset=any_subset, **options
         )
         return UserLevelCounter(
-            stat, deletions, spec, deletions.DeletionsState, deletions.MECHANISM
+            stat, deletions, with_deletions, deletions.DeletionsState, deletions.MECHANISM
         )
     spec = ul.make_user_level(
         stat.name, eps, beta, theta, bins=bins, multiplier=2 if any_subset else 1, **options

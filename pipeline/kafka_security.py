@@ -134,7 +134,7 @@ def aiokafka_kwargs(sec: KafkaSecurityConfig) -> dict[str, Any]:
 
 def confluent_config(sec: KafkaSecurityConfig) -> dict[str, str]:
     """librdkafka properties for a confluent-kafka Producer, Consumer or AdminClient."""
-    conf = {"security.protocol": sec.security_protocol}
+    conf: dict[str, str] = {"security.protocol": sec.security_protocol}
     if uses_tls(sec):
         # Load the files once here too, so a bad one is a ConfigError naming its field
         # instead of a librdkafka error when the client is built.
@@ -164,7 +164,7 @@ def redacted(conf: Mapping[str, object]) -> dict[str, object]:
 
 def describe(sec: KafkaSecurityConfig) -> str:
     """One line for the worker's start-up log; never includes the password."""
-    parts = [sec.security_protocol]
+    parts: list[str] = [sec.security_protocol]
     if uses_sasl(sec):
         source = f"${sec.password_env}" if sec.password_env else str(sec.password_file)
         parts.append(f"{sec.sasl_mechanism} as {sec.username} (password from {source})")

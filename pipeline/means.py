@@ -142,6 +142,10 @@ class ContinualMeanStatistic:
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> ContinualMeanStatistic:
         mean = stat.mean
         assert mean is not None
+        if mean.max_users is None:  # PipelineConfig requires it with public_counts
+            raise ValueError(
+                f"{stat.name}: mean.max_users: required with privacy.public_counts: true"
+            )
         spec = cm.make_continual_mean(
             Fraction(repr(stat.epsilon)),
             mean.delta,

@@ -26,12 +26,13 @@ KEY_FORM = (
 
 
 def limits_for(cfg: PipelineConfig) -> Limits:
-    keys = {s.key for s in cfg.statistics}
+    # A statistic without a key filter counts every event, whatever its key.
+    counts_every_key = any(s.key is None for s in cfg.statistics)
+    keys = frozenset(s.key for s in cfg.statistics if s.key is not None)
     return Limits(
         max_record_bytes=cfg.input.max_record_bytes,
         max_user_id_length=cfg.input.max_user_id_length,
-        # A statistic without a key filter counts every event, whatever its key.
-        known_keys=None if None in keys else frozenset(keys),
+        known_keys=None if counts_every_key else keys,
         value_rules=tuple(value_rule(s) for s in cfg.statistics),
         cell_fields=tuple(sorted({s.cells.field for s in cfg.statistics if s.cells})),
         max_cell_key_length=cfg.input.max_cell_key_length,

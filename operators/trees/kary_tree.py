@@ -75,6 +75,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Literal
 
 from .. import _validate
 from ..noise import (
@@ -94,6 +95,8 @@ MECHANISM_SUBTRACT = "kary_tree_subtract"
 # shrinks only like 1/log k: searching k <= 200 over horizons 1..200 and 400 log-spaced ones
 # up to 10^12, the best k never exceeded 29.
 CHOOSER_MAX_K = 64
+# What the chooser picks: the config's names of the counters it compares.
+ChosenTree = Literal["binary", "kary", "kary_subtract"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,7 +511,7 @@ def _walk(digits: tuple[int, ...], k: int) -> list[tuple[int, int, int]]:
 
 def choose_tree(
     epsilon: float | Fraction, sensitivity: int, horizon: int, node_prefix: NodeId
-) -> tuple[str, int]:
+) -> tuple[ChosenTree, int]:
     """The counter with the least exact MSE over steps 1..horizon (discrete Laplace).
 
     Candidates, all under this module's period scheme (which for k = 2 is exactly
@@ -539,10 +542,10 @@ def choose_tree(
         small T.
     """
     _validate.check_int_ge("horizon", horizon, 1)
-    candidates = [("binary", 2, False)]
+    candidates: list[tuple[ChosenTree, int, bool]] = [("binary", 2, False)]
     candidates += [("kary", k, False) for k in range(3, CHOOSER_MAX_K + 1)]
     candidates += [("kary_subtract", k, True) for k in range(3, CHOOSER_MAX_K + 1)]
-    best: tuple[float, str, int] | None = None
+    best: tuple[float, ChosenTree, int] | None = None
     for name, k, subtract in candidates:
         spec = make_kary_tree(epsilon, sensitivity, node_prefix, k, subtract)
         error = mse(spec, horizon)

@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TypeVar
 
 from .. import _validate
 from ..noise import NoiseSource
@@ -66,10 +67,13 @@ MECHANISM = "distinct_count"
 NO_TICK = 0
 """Placeholder tick for "no first occurrence yet" (ticks are 1-based)."""
 
+Value = TypeVar("Value", bound=Hashable)
+"""An item's value: anything hashable (only compared for equality)."""
+
 
 def first_occurrence_units(
-    min_band: Mapping[int, int], values_by_band: Sequence[Iterable[int]]
-) -> tuple[dict[int, int], tuple[int, ...]]:
+    min_band: Mapping[Value, int], values_by_band: Sequence[Iterable[Value]]
+) -> tuple[dict[Value, int], tuple[int, ...]]:
     """Signed D-bar units of one tick, per band, and the updated m(v) entries.
 
     Args:
@@ -83,13 +87,13 @@ def first_occurrence_units(
         ``units[b]`` = the signed number of D-bar units of band b at this tick (the leaf
         for tau = 2^i is sum(units[:i + 1])), trailing zero bands trimmed.
     """
-    smallest: dict[int, int] = {}
+    smallest: dict[Value, int] = {}
     for band, values in enumerate(values_by_band):
         for v in values:
             if v not in smallest:  # bands are visited in increasing order
                 smallest[v] = band
     units = [0] * len(values_by_band)
-    updates: dict[int, int] = {}
+    updates: dict[Value, int] = {}
     for v, band in smallest.items():
         old = min_band.get(v)
         if old is not None and old <= band:
