@@ -51,11 +51,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import faust
 
 from ..exits import exit_now
+
+if TYPE_CHECKING:
+    # The class behind the app's tables: Faust types them by an interface without
+    # ``recovery``.
+    from faust.tables.manager import TableManager
+    from faust.tables.recovery import Recovery
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +83,7 @@ class RecoveryWatchdog:
         self.app = app
         self.stall_after = stall_after
         self._clock = clock
-        self._reseek: tuple[float, float] | None = None  # (the recovery's start, when)
+        self._reseek: tuple[float | None, float] | None = None  # (the recovery's start, when)
         self.task: asyncio.Future | None = None
 
     async def run(self, interval: float) -> None:
@@ -89,11 +95,14 @@ class RecoveryWatchdog:
             except Exception:  # a failed seek is tried again; the worker must not stop here
                 log.exception("table recovery watchdog")
 
+    def _recovery(self) -> Recovery:
+        return cast("TableManager", self.app.tables).recovery
+
     def stalled(self, now: float) -> dict[Any, int]:
         """The active changelog partitions of the running recovery that still have records
         to read and received none for ``stall_after`` seconds, each with the offset Faust
         wants to read next (as Faust's own seek at the recovery's start: -1 is 0)."""
-        recovery = self.app.tables.recovery
+        recovery = self._recovery()
         started = recovery._recovery_started_at
         if not recovery.in_recovery or started is None:
             return {}
@@ -112,7 +121,7 @@ class RecoveryWatchdog:
         stalled = self.stalled(now)
         if not stalled:
             return
-        started = self.app.tables.recovery._recovery_started_at
+        started = self._recovery()._recovery_started_at
         names = ", ".join(f"{tp.topic}[{tp.partition}]@{at}" for tp, at in sorted(stalled.items()))
         if self._reseek is None or self._reseek[0] != started:
             self._reseek = (started, now)

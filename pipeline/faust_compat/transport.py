@@ -83,8 +83,9 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         """Faust's fetch, from a copy of the active partitions taken now; records that
         come back after the flow stopped go back to aiokafka (see the module docstring)."""
         if active_partitions is None:  # a client-only app: Faust asks for every partition
-            return await super()._fetch_records(consumer, None, timeout, max_records)
-        partitions = frozenset(active_partitions)
+            # Faust's annotation leaves out the None it passes here itself.
+            return await super()._fetch_records(consumer, None, timeout, max_records)  # type: ignore[arg-type]
+        partitions = set(active_partitions)  # a copy: Faust empties its own set in place
         if not partitions:
             return {}
         records = await super()._fetch_records(consumer, partitions, timeout, max_records)
