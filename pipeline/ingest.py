@@ -154,6 +154,30 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
     return out
 
 
+def from_last_restart(records: list[SourceRecord]) -> list[SourceRecord]:
+    """``records`` without those of a source partition before its last restart: a record
+    whose offset is not above the one before it of the same partition.
+
+    A read that spans a rebalance (the callbacks run inside ``poll``/``consume``) can hold
+    a partition's records from before it, then the same partition again from its committed
+    offset, which is at or below them (the ingest commits only what it sent). An envelope
+    must hold one source partition's events in source order (stage 1 dead-letters it
+    whole otherwise, and its events would be lost); the records from the last restart on
+    are that run, and cover the ones dropped. A partition now owned by another member has
+    no restart here: its records go out, and stage 1 counts each event once
+    (``Stage1Driver.unseen``)."""
+    last: dict[tuple[str, int], int] = {}
+    start: dict[tuple[str, int], int] = {}
+    for i, record in enumerate(records):
+        source = (record.topic, record.partition)
+        if source in last and record.offset <= last[source]:
+            start[source] = i
+        last[source] = record.offset
+    if not start:
+        return records
+    return [r for i, r in enumerate(records) if i >= start.get((r.topic, r.partition), 0)]
+
+
 def _good_indexes(good: int, bad: _Bad) -> list[int]:
     """The good events' indexes in their record: those not dead-lettered, in order."""
     rejected = {index for index, _ in bad}
@@ -275,6 +299,7 @@ class Ingest:
         self._producer = Producer(producer_config(bootstrap, cfg))
         self._pending: deque[_Batch] = deque()  # sent, oldest first, not yet committed
         self._logged = time.monotonic()
+        self._rebalanced = False  # a rebalance callback ran during the current read
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
 
@@ -323,6 +348,7 @@ class Ingest:
         # poll waits for the first record; then the batch fills for at most
         # ``ingest_wait_ms``. consume(n, t) alone is not enough: since confluent-kafka
         # 2.13 it returns once some records came in one of its 200 ms slices.
+        self._rebalanced = False
         first = self._consumer.poll(timeout)
         if first is None:
             return []
@@ -348,7 +374,7 @@ class Ingest:
                     (msg.topic(), msg.partition(), msg.offset(), msg.headers(), msg.value()),
                 )
             )
-        return records
+        return from_last_restart(records) if self._rebalanced else records
 
     def _send(
         self, topic: str, value: bytes, partition: int | None, headers, batch: _Batch
@@ -391,9 +417,11 @@ class Ingest:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Hand the partitions over with everything sent committed: fewer re-sends.
+        self._rebalanced = True
         self._settle(0)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalanced = True
         log.info("ingest assigned %s", sorted(f"{p.topic}[{p.partition}]" for p in partitions))
 
     def lag(self) -> dict[str, int]:

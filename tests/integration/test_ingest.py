@@ -29,12 +29,12 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.clients import export_log, read_topic
 from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
-from dpstream.pipeline.ingest import Ingest, source_lag
+from dpstream.pipeline.ingest import Ingest, consumer_config, source_lag
 from dpstream.pipeline.records import decode_envelope
 from dpstream.pipeline.topics import ensure_topics
 from dpstream.pipeline.worker_support import spawn_worker
@@ -396,6 +396,70 @@ def test_records_arriving_one_by_one_within_the_wait_go_out_as_one_batch(bootstr
     envelopes = [decode_envelope(value) for rows in sent.values() for _, _, value, _ in rows]
     assert sum(len(e.events) for e in envelopes) == 1 + records
     assert len(envelopes) - 1 <= cfg.input.partitions
+
+
+class FirstRecordSeen:
+    """The ingest's consumer, telling when its first record came (confluent-kafka's
+    consumer blocks other threads' calls while one is in ``consume``)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer, self.seen = consumer, threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.consumer, name)
+
+    def poll(self, timeout: float) -> object:
+        message = self.consumer.poll(timeout)
+        if message is not None:
+            self.seen.set()
+        return message
+
+
+def test_a_read_across_a_rebalance_sends_each_source_partition_in_order(bootstrap, monkeypatch):
+    """A read that spans a rebalance holds a partition's records from before it, then the
+    same partition again from its committed offset (none here: from the start). Each
+    envelope must still be one run in source order, or stage 1 dead-letters it whole and
+    its events are lost."""
+    per_partition = 30
+    data = unique_names(config([], [{"name": "n", "epsilon": 1.0, "tau": TAU}], {}))
+    # One read of 10 s: a second member joins the group during it.
+    data["input"].update(partitions=2, ingest_batch=100_000, ingest_wait_ms=10_000)
+    cfg = parse_config(data)
+    ensure_topics(cfg, bootstrap)
+    source = cfg.input.topics[0]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(2):
+        for i in range(per_partition):
+            producer.produce(source, orjson.dumps({"user_id": f"u{i}"}), partition=partition)
+    producer.flush()
+    # Heartbeats every 0.3 s: the ingest learns of the rebalance well within its read.
+    monkeypatch.setenv("BROKER_HEARTBEAT_INTERVAL", "0.3")
+    monkeypatch.setenv("BROKER_SESSION_TIMEOUT", "6")
+    ingest = Ingest(cfg, bootstrap)
+    consumer = ingest._consumer = FirstRecordSeen(ingest._consumer)  # type: ignore[assignment]
+    consumer.subscribe([source], on_assign=ingest._on_assign, on_revoke=ingest._on_revoke)
+    reading = threading.Thread(target=ingest.step, args=(30.0,))
+    reading.start()
+    member = Consumer(consumer_config(cfg, bootstrap) | {"log_level": 0})
+    try:
+        assert consumer.seen.wait(30), "the ingest read no record"
+        member.subscribe([source])  # joins the group: a rebalance during the ingest's read
+        deadline = time.monotonic() + 30
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.2)
+        reading.join(60)
+        ingest._settle(0)
+        kept = consumer.assignment()
+    finally:
+        member.close()
+        ingest.close()
+    assert len(kept) == 1  # the rebalance came during the read: one partition each
+    sent = read_topic(bootstrap, cfg.events_topic, cfg.input.partitions)
+    envelopes = [decode_envelope(value) for rows in sent.values() for _, _, value, _ in rows]
+    # The partition the ingest kept, read twice in one batch: each record once, in order.
+    mine = f"{source}/{kept[0].partition}"
+    offsets = sorted(o for e in envelopes if e.source == mine for o in e.offsets)
+    assert offsets == list(range(per_partition))
 
 
 def test_a_worker_whose_ingest_process_dies_ends_at_once_with_status_70(bootstrap, tmp_path):

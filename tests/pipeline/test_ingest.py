@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from dpstream.config.schema import parse_config
-from dpstream.pipeline.ingest import ENVELOPE_BYTES, SourceRecord, route
+from dpstream.pipeline.ingest import ENVELOPE_BYTES, SourceRecord, from_last_restart, route
 from dpstream.pipeline.records import (
     BadRecord,
     Event,
@@ -169,3 +169,34 @@ def test_an_envelope_round_trips_every_field():
 def test_what_is_not_an_envelope_is_refused(value):
     with pytest.raises(BadRecord, match="malformed envelope"):
         decode_envelope(value)
+
+
+def test_a_read_across_a_rebalance_keeps_each_partition_from_its_last_restart():
+    # Source partition 0 was held at 5..7 when a rebalance gave it back from its
+    # committed offset 4; partition 1, given to another member, does not restart.
+    held = [record(5, {}), record(20, {}, partition=1), record(6, {}), record(7, {})]
+    again = [record(4, {}), record(5, {}), record(21, {}, partition=1), record(6, {})]
+    kept = from_last_restart(held + again + [record(8, {})])
+    assert [(r.partition, r.offset) for r in kept] == [
+        (1, 20),
+        (0, 4),
+        (0, 5),
+        (1, 21),
+        (0, 6),
+        (0, 8),
+    ]
+    assert from_last_restart(held) == held  # no restart: the same records
+
+
+def test_records_across_a_rebalance_route_to_envelopes_in_source_order():
+    # Without from_last_restart, partition 0's envelope repeats offsets 5 and 6, and
+    # stage 1 would dead-letter it whole ("malformed envelope": not in source order).
+    users = [f"u{i}" for i in range(8)]
+    held = [record(5 + i, {"user_id": u, "key": "view"}) for i, u in enumerate(users[:2])]
+    again = [record(4 + i, {"user_id": u, "key": "view"}) for i, u in enumerate(users[:4])]
+    with pytest.raises(BadRecord, match="malformed envelope"):
+        for _, value in route(held + again, LIMITS, 1).envelopes:
+            decode_envelope(value)
+    routed = route(from_last_restart(held + again), LIMITS, 1)
+    [(_, value)] = routed.envelopes
+    assert decode_envelope(value).offsets == [4, 5, 6, 7]
