@@ -20,7 +20,8 @@ key                     built by                      what it counts
 ``"<s>x<j>"``           ``crossing_key(s, j)``        tau: auto: the users whose total
                                                       passed 2^j (Count(D_t, 2^j))
 ``"b<band>/<repr>"``    ``distinct_key(band, v)``     distinct: value ``v`` (as its
-                                                      ``repr``) at a rank in band ``band``
+                                                      ``repr``, -0.0 as 0.0) at a rank in
+                                                      band ``band``
 ======================  ============================  ====================================
 
 ``<s>`` is the stream: ``INSERTS`` ("+") or ``DELETES`` ("-"). A distinct count has no
@@ -67,7 +68,10 @@ def crossing_key(stream: str, power: int) -> str:
 
 
 def distinct_key(band: int, value: object) -> str:
-    """The key of ``value`` (by its ``repr``) seen at a rank in band ``band``."""
+    """The key of ``value`` (by its ``repr``) seen at a rank in band ``band``. -0.0 is
+    keyed as 0.0: one number, as ``==`` and SQL's COUNT(DISTINCT) have it."""
+    if type(value) is float:
+        value += 0.0  # -0.0 + 0.0 is 0.0
     return f"b{band}/{value!r}"
 
 

@@ -361,6 +361,13 @@ def test_user_level_sum_histogram_distinct_and_deletions():
         {"tick": 2},
     )
     assert [r["value"] for r in distinct] == [3, 3]
+    # -0.0 and 0.0 are one value (as == has it), whoever sends them.
+    zeros = _releases(
+        user_level_config(kind="distinct"),
+        *[{"user_id": u, "value": v} for u, v in [("a", -0.0), ("a", 0.0), ("b", 0.0)]],
+        {"tick": 1},
+    )
+    assert [r["value"] for r in zeros] == [1]
     deleted = _releases(
         user_level_config(deletions=True),
         *[{"user_id": "a"}] * 3,

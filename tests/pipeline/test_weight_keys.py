@@ -46,7 +46,7 @@ def test_the_spelling_is_the_wire_format():
     assert crossing_key(INSERTS, 0) == "+x0"
     assert crossing_key(DELETES, 41) == "-x41"
     assert distinct_key(2, 3.0) == "b2/3.0"
-    assert distinct_key(0, -0.0) == "b0/-0.0"
+    assert distinct_key(0, -0.0) == distinct_key(0, 0.0) == "b0/0.0"
     assert distinct_key(5, "a/b") == "b5/'a/b'"
 
 
@@ -62,12 +62,16 @@ def test_a_crossing_key_reads_back(stream, power):
 
 @given(band=indices, value=values)
 def test_a_distinct_key_reads_back_as_the_values_repr(band, value):
-    assert parse_key(distinct_key(band, value)) == DistinctKey(band, repr(value))
+    assert parse_key(distinct_key(band, value)) == DistinctKey(band, repr(_zero(value)))
 
 
 @pytest.mark.parametrize("value", [2.5, -0.0, 0.0, 1e20, -7, "", "a/b/c", "it's", "+x1", "b2/0"])
 def test_distinct_values_that_look_like_keys_or_hold_slashes_read_back(value):
-    assert parse_key(distinct_key(4, value)) == DistinctKey(4, repr(value))
+    assert parse_key(distinct_key(4, value)) == DistinctKey(4, repr(_zero(value)))
+
+
+def _zero(value: object) -> object:
+    return 0.0 if value == 0 and type(value) is float else value
 
 
 def test_the_keys_of_one_number_parse_to_none():
