@@ -18,6 +18,7 @@ import orjson
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline.records import Event
+from dpstream.pipeline.stage1_state import new_partition_state
 from dpstream.pipeline.stages import Stage1, Stage2
 
 STATISTICS = [
@@ -41,7 +42,7 @@ def measure(users: int, events_per_user: int, ticks: int, seed: int) -> dict[str
     )
     rng = random.Random(seed)  # noqa: S311 - synthetic workload, not noise
     stage1, stage2 = Stage1(cfg), Stage2(cfg, ZeroNoise(), partitions=1)
-    pstate, entries = Stage1.new_partition_state(), {}
+    pstate, entries = new_partition_state(), {}
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
     per_tick = users * events_per_user // ticks
     tracemalloc.start()

@@ -29,9 +29,9 @@ from .exits import exit_now
 from .ingest import IngestHandle
 from .kafka_security import faust_credentials
 from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
-from .stage1_state import PartitionState
+from .stage1_state import PartitionState, new_partition_state
 from .stage2_state import Stage2State
-from .stages import Stage1, Stage2, StatisticChanged
+from .stages import Stage2, StatisticChanged
 from .statistic import Report
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ def create_app(
         in_gap: bool = False,
     ) -> None:
         pkey = f"p:{partition}"
-        pstate: PartitionState = stage1_table.get(pkey) or Stage1.new_partition_state()
+        pstate: PartitionState = stage1_table.get(pkey) or new_partition_state()
         hole = None if in_gap else driver1.skipped(pstate, offset)
         if hole is not None:
             await fill_gap(partition, *hole)

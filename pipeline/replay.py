@@ -23,8 +23,8 @@ from dpstream.operators.noise import NoiseSource
 
 from .drivers import Rejected, Stage1Driver, Stage2Driver
 from .records import BATCH, BadRecord, Event, decode_events, partition_for
-from .stage1_state import UserEntry
-from .stages import Stage1, Stage2
+from .stage1_state import UserEntry, new_partition_state
+from .stages import Stage2
 from .worker_support import limits_for
 
 
@@ -42,7 +42,7 @@ def replay(
     driver1, driver2 = Stage1Driver(cfg), Stage2Driver(cfg, noise, partitions)
     limits = dataclasses.replace(limits_for(cfg), user_id_path=("user_id",))
     users: dict[str, UserEntry] = {}
-    pstates = [Stage1.new_partition_state() for _ in range(partitions)]
+    pstates = [new_partition_state() for _ in range(partitions)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
     sent = 0  # the stage-2 topic's offsets: one report after another, no holes
     for lineno, raw in enumerate(lines, 1):

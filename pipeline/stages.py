@@ -28,7 +28,7 @@ from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 from .counting import UnitColumns, add_weights
 from .kinds import statistic_for
 from .records import Batch, Event, partition_for
-from .stage1_state import PartitionState, UserEntry, new_partition_state
+from .stage1_state import PartitionState, UserEntry
 from .stage2_state import Stage2State, StatisticIdentity
 from .statistic import Report, Statistic, Users
 
@@ -57,10 +57,6 @@ class Stage1:
         self._columns = UnitColumns([s for s in self._stats if s.columnar])
         self._per_user = [s for s in self._stats if not s.columnar]
         self._user_stats = [s for s in stats if s.counting is None]
-
-    @staticmethod
-    def new_partition_state() -> PartitionState:
-        return new_partition_state()
 
     def add_events(
         self,

@@ -50,13 +50,14 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
     """
     from dpstream.operators.noise import KeyedNoise
     from dpstream.pipeline.records import BATCH, decode_events
+    from dpstream.pipeline.stage1_state import new_partition_state
     from dpstream.pipeline.stages import Stage1, Stage2
     from dpstream.pipeline.worker_support import limits_for
 
     cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
     limits = limits_for(cfg)
     stage1 = Stage1(cfg)
-    pstate = Stage1.new_partition_state()
+    pstate = new_partition_state()
     table: dict[str, dict] = {}
 
     def feed(envelope: list[dict], offset: int) -> None:
@@ -85,7 +86,7 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
     trees, caches = [], []
     for t_max in tree_ticks:
         stage1, table = Stage1(cfg), {}
-        pstate = Stage1.new_partition_state()
+        pstate = new_partition_state()
         stage2 = Stage2(cfg, KeyedNoise(bytes(32)), partitions=1)
         sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
         for t in range(1, t_max + 1):
@@ -163,7 +164,7 @@ def stage1_micro(base: dict, users: int, events: int, batch: int, seed: int) -> 
     records)."""
     from dpstream.pipeline.drivers import Stage1Driver
     from dpstream.pipeline.records import decode_envelope
-    from dpstream.pipeline.stages import Stage1
+    from dpstream.pipeline.stage1_state import new_partition_state
 
     cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
     partitions = cfg.input.partitions
@@ -178,7 +179,7 @@ def stage1_micro(base: dict, users: int, events: int, batch: int, seed: int) -> 
     t_decode = time.perf_counter() - t
     n = sum(len(e.events) for e in decoded)
     driver = Stage1Driver(cfg)
-    pstates = {p: Stage1.new_partition_state() for p in range(partitions)}
+    pstates = {p: new_partition_state() for p in range(partitions)}
     t = time.perf_counter()
     fresh = [
         Stage1Driver.unseen(pstates[p], env) for (p, _), env in zip(envelopes, decoded, strict=True)

@@ -15,22 +15,11 @@ way in; 0.15.3 has its fix (``Consumer.on_buffer_full`` keeps partitions fetched
 recovery), and the hang remained.
 
 The cause was in Faust's consumer (``transport.py`` explains it and holds the fix): a
-fetch call under way across a rebalance asked aiokafka for every partition (Faust's set of
-active partitions, emptied in place by the revocation's pause) and took the changelog
-records fetched between the recovery's seek and its resume of those partitions; Faust
-dropped them, its flow still stopped, and aiokafka's position had moved past them. That
-window lasts 2-7 ms, and aiokafka keeps a fetch under way at a seek only when its offset
-is the one sought, as it always is for a partition read from offset 0: every stall seen (4
-more after the first ones, each ended by the watchdog's seek within 1.3 s) was of
-partitions read from 0. Measured with
-``test_two_workers_one_dies_the_survivor_takes_over`` and the window widened by a 0.3 s
-sleep after the recovery's seek (a test-only hook): before the fix the watchdog acted in 4
-of 11 runs (5 times; every partition it found stalled was among those a fetch call had
-returned after the flow stopped, some read from later offsets), after it in 0 of 11;
-without the sleep, in 0 of 15 runs after it, and in 0 of 15 before it too (3 of 20
-earlier: too rare to compare at that count), while the fetch calls that came back after
-the flow stopped held changelog records in 25 of 29 cases before and 0 of 26 after. The
-watchdog stays, as a backstop.
+fetch call under way across a rebalance took the changelog records fetched between the
+recovery's seek and its resume, and Faust dropped them. Every stall seen was of
+partitions read from offset 0: aiokafka keeps a fetch under way across a seek only when
+its offset is the one sought, which it always is there. docs/reliability.md has the runs
+before and after the fix; the watchdog stays, as a backstop.
 
 :class:`RecoveryWatchdog` looks every few seconds. A partition is *stalled* when Faust is
 in recovery, the partition still has records to read (``Recovery.active_remaining``), and

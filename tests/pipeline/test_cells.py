@@ -19,6 +19,7 @@ from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.records import BadRecord, Event, decode_events, event_json, partition_for
 from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stage1_state import new_partition_state
 from dpstream.pipeline.stages import Stage1, Stage2, users_of_partition
 from dpstream.pipeline.worker_support import limits_for
 
@@ -70,7 +71,7 @@ def run(cfg_data: dict, lines: list[bytes]) -> tuple[list[dict], list[dict], lis
     parts = cfg.input.partitions
     stage1, stage2 = Stage1(cfg), Stage2(cfg, ZeroNoise(), parts)
     users: dict[str, dict] = {}
-    pstates = [Stage1.new_partition_state() for _ in range(parts)]
+    pstates = [new_partition_state() for _ in range(parts)]
     sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
     ledger, again = [], []
     limits = limits_for(cfg)
@@ -253,7 +254,7 @@ def test_strict_mode_doubles_the_sum_noise_under_any_subset(neighbours, factor):
     stage1, recorder = Stage1(cfg), RecordingNoise(ZeroNoise())
     stage2 = Stage2(cfg, recorder, 1)
     users: dict[str, dict] = {}
-    pstate, sstate = Stage1.new_partition_state(), Stage2.new_state()
+    pstate, sstate = new_partition_state(), Stage2.new_state()
     lines = [ev("u1", 10), ev("u1", 90, "B"), tick(0), tick(1)]
     releases = []
     for offset, line in enumerate(lines):
@@ -332,7 +333,7 @@ def test_slots_follow_the_marker_after_the_event_across_a_gap():
     }
     stage1, stage2 = Stage1(cfg), Stage2(cfg, ZeroNoise(), 2)
     users: dict[str, dict] = {}
-    pstates = [Stage1.new_partition_state(), Stage1.new_partition_state()]
+    pstates = [new_partition_state(), new_partition_state()]
     sstate = Stage2.new_state()
     releases = []
     offsets = [0, 0]
@@ -383,11 +384,11 @@ def test_stage1_is_idempotent_for_cells_whichever_write_a_crash_lost():
         return Event(user, None, value, cells=(("cell", cell),))
 
     record = [e("a", 10, "X"), e("a", 20, "X"), e("b", 30, "Y"), e("a", 40, "Y")]
-    first = Stage1.new_partition_state(), {}
+    first = new_partition_state(), {}
     _apply(stage1, *first, [e("a", 5, "X")], offset=0)
     _apply(stage1, *first, record, offset=1)
     full_pstate, full_users = first
-    before_pstate, before_users = Stage1.new_partition_state(), {}
+    before_pstate, before_users = new_partition_state(), {}
     _apply(stage1, before_pstate, before_users, [e("a", 5, "X")], offset=0)
     for pstate, users in (
         (copy.deepcopy(full_pstate), copy.deepcopy(before_users)),  # user entries lost

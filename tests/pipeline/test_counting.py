@@ -18,6 +18,7 @@ from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline.counting import add_weights
 from dpstream.pipeline.records import Batch, Event, decode_envelope, encode_envelope
 from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stage1_state import new_partition_state
 from dpstream.pipeline.stages import Stage1
 from dpstream.pipeline.statistic import Report
 from dpstream.pipeline.weight_keys import DELETES, BandKey, CrossingKey, parse_key
@@ -109,8 +110,8 @@ def test_the_numpy_batch_path_is_the_event_at_a_time_definition(records, tick_ev
     cfg = counting_config()
     stage1 = Stage1(cfg)
     columnar = {s.name for s in stage1._columns.stats}
-    fast = Stage1.new_partition_state(), {}
-    slow = Stage1.new_partition_state(), {}
+    fast = new_partition_state(), {}
+    slow = new_partition_state(), {}
     for offset, events in enumerate(records):
         if offset % 3 == 1:  # through the events topic's wire form
             raw = encode_envelope("s/0", list(range(len(events))), [0] * len(events), events)
@@ -159,9 +160,9 @@ def test_a_re_delivered_record_repairs_either_lost_write(records, cut):
             stage1.add_events(pstate, users, records[offset], offset)
             pstate["last_offset"] = offset
 
-    full = Stage1.new_partition_state(), {}
+    full = new_partition_state(), {}
     run(*full, cut + 1)
-    before = Stage1.new_partition_state(), {}
+    before = new_partition_state(), {}
     run(*before, cut)
     expected = orjson.dumps(full[0]), full[1]
     for pstate, users in (

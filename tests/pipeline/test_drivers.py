@@ -8,7 +8,8 @@ from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline.drivers import Stage1Driver, Stage2Driver
 from dpstream.pipeline.records import Batch, Envelope, Event, encode_envelope, partition_for
-from dpstream.pipeline.stages import Stage1, Stage2
+from dpstream.pipeline.stage1_state import new_partition_state
+from dpstream.pipeline.stages import Stage2
 from dpstream.pipeline.statistic import Report
 
 CFG = parse_config(
@@ -31,7 +32,7 @@ def envelope(*users: str, source: str = "src/0", first: int = 0) -> bytes:
 
 
 def test_a_redelivered_envelope_counts_once():
-    driver, pstate, users = Stage1Driver(CFG), Stage1.new_partition_state(), {}
+    driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
     value = envelope(ON_0, ON_0, ON_0)  # tau 2: the third is truncated
     for _ in range(2):  # the second: after a crash before the offset was committed
         assert driver.on_envelope(pstate, users, 0, 7, value) == []
@@ -42,7 +43,7 @@ def test_a_redelivered_envelope_counts_once():
 def test_an_ingest_resend_counts_once():
     # The ingest crashed after its envelope reached the topic, before it committed: a new
     # owner re-sends from the committed offset, in a new envelope at a new offset.
-    driver, pstate, users = Stage1Driver(CFG), Stage1.new_partition_state(), {}
+    driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
     driver.on_envelope(pstate, users, 0, 1, envelope(ON_0, source="s/3", first=10))
     driver.on_envelope(pstate, users, 0, 2, envelope(ON_1, ON_0, ON_0, source="s/3", first=9))
     assert pstate["pending"] == {"events": {"w": 2}}  # 10 once, 11 new; 9 was before
@@ -53,7 +54,7 @@ def test_an_ingest_resend_counts_once():
 
 
 def test_what_is_not_an_envelope_is_dead_lettered_once():
-    driver, pstate = Stage1Driver(CFG), Stage1.new_partition_state()
+    driver, pstate = Stage1Driver(CFG), new_partition_state()
     for value in (b"[1]", b'{"s": "a/0", "o": [2, 1], "u": ["a", "b"]}', b'{"s": 1}'):
         assert driver.on_envelope(pstate, {}, 0, 4, value) == [(None, "malformed envelope")]
     driver.done(pstate, 4)
@@ -61,7 +62,7 @@ def test_what_is_not_an_envelope_is_dead_lettered_once():
 
 
 def test_holes_and_redelivered_markers():
-    driver, pstate, users = Stage1Driver(CFG), Stage1.new_partition_state(), {}
+    driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
     assert driver.skipped(pstate, 5) is None  # nothing processed yet: nothing skipped
     driver.on_envelope(pstate, users, 0, 5, envelope(ON_0))
     driver.done(pstate, 5)
@@ -122,7 +123,7 @@ def test_every_source_event_is_counted_once_across_crashes_and_zombies():
 
 
 def test_a_bad_or_forged_marker_is_dead_lettered_and_closes_nothing():
-    driver, pstate = Stage1Driver(CFG), Stage1.new_partition_state()
+    driver, pstate = Stage1Driver(CFG), new_partition_state()
     assert driver.on_marker(pstate, {}, 0, b'{"tick": -1}', None) == (
         [],
         [(None, "malformed tick marker")],

@@ -16,6 +16,7 @@ from dpstream.operators.means import continual_mean as cm
 from dpstream.operators.noise import KeyedNoise, ScopedNoise, ZeroNoise
 from dpstream.pipeline.records import Event, partition_for
 from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stage1_state import new_partition_state
 from dpstream.pipeline.stages import Stage1, Stage2
 
 PARTITIONS = 3
@@ -165,7 +166,7 @@ def test_stage1_mean_state_is_idempotent_whichever_table_write_a_crash_lost():
         stage1.add_events(pstate, users, events, offset, 0)
         pstate["last_offset"] = max(pstate["last_offset"], offset)
 
-    pstate, users = Stage1.new_partition_state(), {}
+    pstate, users = new_partition_state(), {}
     apply(pstate, users, warmup, 0)
     before = copy.deepcopy((pstate, users))
     apply(pstate, users, record, 1)
@@ -193,7 +194,7 @@ def test_stage2_waits_for_every_partition_and_merges_their_messages():
     cfg = config()
     stage1, stage2 = Stage1(cfg), Stage2(cfg, ZeroNoise(), PARTITIONS)
     users: dict[str, dict] = {}
-    pstates = [Stage1.new_partition_state() for _ in range(PARTITIONS)]
+    pstates = [new_partition_state() for _ in range(PARTITIONS)]
     events = [Event(f"u{i}", "rtt", 1.0) for i in range(12)]
     for p, pstate in enumerate(pstates):
         mine = [e for e in events if partition_for(e.user_id, PARTITIONS) == p]

@@ -16,6 +16,7 @@ from dpstream.operators import accounting
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, clip_to_grid
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stage1_state import new_partition_state
 from dpstream.pipeline.stages import SCHEMA_VERSION, Stage1, Stage2
 from dpstream.pipeline.statistic import Report
 
@@ -219,7 +220,7 @@ def test_george_et_al_mean_still_needs_its_cap_on_users():
 def test_stage1_counts_a_redelivered_record_once():
     cfg = parse_config(reproduction(partitions=1))
     stage1 = Stage1(cfg)
-    pstate, users = Stage1.new_partition_state(), {}
+    pstate, users = new_partition_state(), {}
     record = [Event("u1", None, 50.0) for _ in range(M + 3)]
     for _ in range(2):  # a re-delivery of offset 0
         stage1.add_events(pstate, users, record, 0, 0)

@@ -17,6 +17,7 @@ from dpstream.operators.user_level import truncation
 from dpstream.pipeline.changelog import WINDOW_BYTES, ChangelogWindow
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
+from dpstream.pipeline.stage1_state import new_partition_state
 from dpstream.pipeline.stages import Stage1, Stage2
 from dpstream.pipeline.statistic import Report
 
@@ -77,7 +78,7 @@ def test_example_d_truncation_keeps_the_first_tau_units():
 def test_stage1_truncates_per_statistic_and_filters_by_key():
     cfg = config()
     stage1, users = Stage1(cfg), {}
-    pstate = Stage1.new_partition_state()
+    pstate = new_partition_state()
     events = [Event("a", "click", None)] * 3 + [Event("b", None, None)]
     stage1.add_events(pstate, users, events, offset=0)
     assert pstate["pending"] == {"all": {"w": 3}, "clicks": {"w": 1}}  # a: 2 of 3 kept; b: 1
@@ -102,11 +103,11 @@ def test_stage1_is_idempotent_whichever_table_write_a_crash_lost():
     """A record is re-delivered after a crash that persisted only one of the two writes."""
     stage1 = Stage1(config())
     record = [Event("a", None, None)] * 3 + [Event("b", None, None)]
-    first = Stage1.new_partition_state(), {}
+    first = new_partition_state(), {}
     _apply(stage1, *first, [Event("a", None, None)], offset=0)
     _apply(stage1, *first, record, offset=1)
     full_pstate, full_users = first
-    before_pstate, before_users = Stage1.new_partition_state(), {}
+    before_pstate, before_users = new_partition_state(), {}
     _apply(stage1, before_pstate, before_users, [Event("a", None, None)], offset=0)
 
     # (1) partition state persisted, user entries lost: a's bound must still hold.
@@ -150,7 +151,7 @@ def _worker_step(stage1, table, record, reports, flush_mid: bool = False) -> Non
     user already in it; ``flush_mid``: a commit's flush lands while the record awaits its
     outputs (after its user entries, before its partition state)."""
     offset, payload = record
-    pstate = copy.deepcopy(table.get("p:0")) or Stage1.new_partition_state()
+    pstate = copy.deepcopy(table.get("p:0")) or new_partition_state()
     if isinstance(payload, int):
         if offset <= pstate["last_offset"]:
             return
@@ -203,7 +204,7 @@ def test_stage1_counts_every_record_once_after_a_crash_at_any_changelog_write():
 
 def test_stage1_ignores_duplicate_markers_and_catches_up_gaps():
     stage1 = Stage1(config())
-    pstate = Stage1.new_partition_state()
+    pstate = new_partition_state()
     assert stage1.close_tick(pstate, 0, 10)[0].from_tick == 10
     assert stage1.close_tick(pstate, 0, 10) == []
     assert stage1.close_tick(pstate, 0, 9) == []
@@ -382,7 +383,7 @@ def test_user_level_sum_histogram_distinct_and_deletions():
 def test_user_level_ledger_reports_both_series_below_epsilon():
     cfg = user_level_config()
     stage1, stage2 = Stage1(cfg), Stage2(cfg, ZeroNoise(), partitions=1)
-    pstate, users, sstate = Stage1.new_partition_state(), {}, Stage2.new_state()
+    pstate, users, sstate = new_partition_state(), {}, Stage2.new_state()
     entries = []
     for tick, n in enumerate([1, 3, 3, 20, 0], start=1):
         _apply(stage1, pstate, users, [Event("a", None, None)] * n, offset=tick)
