@@ -463,8 +463,10 @@ class CellMeanStatistic:
             "note": (
                 "Rameshwar et al. per-cell means: each released cell costs epsilon to each user it "
                 "keeps; cells are disjoint, so a user's loss in an accounting epoch is the "
-                "sum over their kept cells (Thm II.3), capped at epoch_cap B; B per epoch "
-                "is what total_epsilon is checked against"
+                "sum over their kept cells (Thm II.3), capped at epoch_cap B; charged, per "
+                "epoch, is what total_epsilon is checked against: B, or 2B for strict cells "
+                "under any_subset (dropping some of a user's events can admit the user into "
+                "cells it was dropped from at the cap)"
             ),
             "counts_public": cells.counts_public,
             "cell_field": cells.field,
