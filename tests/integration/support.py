@@ -25,7 +25,7 @@ from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.broker import containers_required, docker_available
 from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.export import export_log
+from dpstream.pipeline.export import LOG_MAC, export_log
 from dpstream.pipeline.ledger import LOG_HEADER
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.worker_support import load_noise, spawn_worker, stop_worker
@@ -248,7 +248,7 @@ def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = defaultdict(dict)
     for line in log:
         obj = orjson.loads(line)
-        if LOG_HEADER in obj:
+        if LOG_HEADER in obj or LOG_MAC in obj:
             continue
         if "user_id" not in obj:
             for s in cfg.statistics:
