@@ -670,6 +670,10 @@ class PrivacyConfig(_Model):
     # holds only statistics of that relation, and every release says so
     # (docs/security.md). False (default): a mean is the whole-user mean.
     public_counts: bool = False
+    # What one user may lose across every pipeline (app id) of the ledger topic that
+    # reads one of this pipeline's source topics: checked at worker start against their
+    # latest statements (pipeline/ledger.py). None: their sum is logged as a warning.
+    cross_pipeline_epsilon: float | None = Field(None, gt=0)
 
 
 class PipelineConfig(_Model):
@@ -756,17 +760,26 @@ class PipelineConfig(_Model):
         )
 
     def statistic_parameters(self, stat: StatisticConfig) -> dict[str, object]:
-        """Everything that shapes ``stat``'s noise or sensitivity: its whole definition,
-        the pipeline's relation and the tick length (steps count ticks); for George et
-        al.'s mean, the partitions too (its user cap is split over them; other kinds are
-        the same for any partition count); for the whole-user mean, its mechanism and the
-        sensitivities of its two counters. Its fingerprint is its identity."""
+        """Everything of the config that shapes ``stat``'s noise, its sensitivity or what
+        one user contributes: its whole definition, the pipeline's relation, the tick
+        length (steps count ticks), the privacy unit (``input.user_id_field``) and the
+        noise mode; for George et al.'s mean, the partitions too (its user cap is split
+        over them; other kinds are the same for any partition count); for the whole-user
+        mean, its mechanism and the sensitivities of its two counters. The pipeline adds
+        the resolved mechanism and the algorithms' versions
+        (``pipeline.kinds.identity_parameters``); the fingerprint of the whole is the
+        statistic's identity (docs/design.md section 4a says what is left out, and why)."""
         out: dict[str, object] = {
             "app_id": self.app_id,
             "statistic": stat.model_dump(mode="json", by_alias=True),
             "neighbours": self.privacy.neighbours.value,
             "public_counts": self.privacy.public_counts,
             "interval_seconds": self.ticks.interval_seconds,
+            # The privacy unit: another field is another set of users, each with a fresh
+            # bound inside the same trees.
+            "user_id_field": self.input.user_id_field,
+            # Zero noise and keyed noise are two statistics: no draw is shared between them.
+            "noise_mode": self.noise.mode.value,
         }
         if self.whole_user_mean(stat):
             from dpstream.operators import accounting

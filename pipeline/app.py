@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypedDict
 
@@ -19,7 +19,6 @@ import faust
 import orjson
 
 from dpstream.config.schema import PipelineConfig
-from dpstream.operators.noise import NoiseSource
 
 from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
@@ -28,9 +27,11 @@ from .drivers import Stage1Driver, Stage2Driver
 from .exits import exit_now
 from .ingest import IngestHandle
 from .kafka_security import faust_credentials
+from .keys import PipelineKey
+from .ledger import signed
 from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
 from .stage1_state import PartitionState, new_partition_state
-from .stage2_state import Stage2State
+from .stage2_state import Stage2State, StatisticRun
 from .stages import Stage2, StatisticChanged
 from .statistic import Report
 
@@ -99,12 +100,15 @@ class _Codecs(TypedDict):
 def create_app(
     cfg: PipelineConfig,
     bootstrap: str,
-    noise: NoiseSource,
+    key: PipelineKey,
     datadir: Path,
     ingest: IngestHandle | None = None,
+    runs: Mapping[str, StatisticRun] | None = None,
 ) -> faust.App:
-    """Build the worker's Faust app for one pipeline definition (``ingest``: the worker's
-    own ingest, watched: the worker stops when it does)."""
+    """Build the worker's Faust app for one pipeline definition: ``key`` draws the noise
+    and signs the ledger entries, ``runs`` are the statistics' runs the ledger states
+    (``ledger.record_statement``), ``ingest`` is the worker's own ingest, watched: the
+    worker stops when it does."""
     partitions = cfg.input.partitions
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
@@ -145,7 +149,7 @@ def create_app(
     faust_compat.watch_recovery(app)
 
     driver1 = Stage1Driver(cfg)
-    driver2 = Stage2Driver(cfg, noise, partitions)
+    driver2 = Stage2Driver(cfg, key.noise, partitions, runs)
     rejected: Counter[str] = Counter()
 
     async def reject(
@@ -277,11 +281,14 @@ def create_app(
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
             raise  # crash_only stops the worker
-        key = report.statistic.encode()
-        sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
+        name = report.statistic.encode()
+        sent = [
+            await ledger_topic.send(key=name, value=orjson.dumps(signed(entry, cfg, key)))
+            for entry in ledger
+        ]
         for release in releases:
             topic = release_topics[report.statistic]
-            sent.append(await topic.send(key=key, value=orjson.dumps(release)))
+            sent.append(await topic.send(key=name, value=orjson.dumps(release)))
         await acknowledged(sent)
         stage2_state[report.statistic] = state.to_json()
 

@@ -44,8 +44,9 @@ from typing import Any
 from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators.cells import cell_accountant as acct
 from dpstream.operators.cells import cell_mean as cm
-from dpstream.operators.cells import clip_user
+from dpstream.operators.cells import clip_user, pseudo_users
 from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.selection import private_interval, private_quantile
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
@@ -479,6 +480,15 @@ class CellMeanStatistic:
             "step": cells.step,
         }
         return own_caps(entry, start)
+
+
+def algorithm(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
+    modules = [cm, acct, clip_user, pseudo_users, private_interval, private_quantile]
+    return {
+        "mechanism": make_statistic(stat, cfg).mechanism,
+        "versions": {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules},
+    }
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:

@@ -92,17 +92,22 @@ def run_worker(
     from .app import create_app
     from .ingest import IngestHandle
     from .ledger import record_statement
-    from .topics import ensure_topics
-    from .worker_support import load_noise
+    from .topics import changelog_topics, ensure_topics, missing_topics
+    from .worker_support import load_key
 
-    noise = load_noise(cfg)  # before anything else: no key, no start
+    key = load_key(cfg)  # before anything else: no key, no start
+    ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
+    # A changelog that is gone while the ledger says its statistics released: refused
+    # before the topics are made again (ledger.record_statement).
+    lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
+    # Refuses a statistic changed under its name, another key, a forged ledger, lost
+    # state; the statement (and each statistic's run) goes to the ledger.
+    plan = record_statement(cfg, bootstrap, key, lost_state=lost)
     ensure_topics(cfg, bootstrap)
-    # Refuses a statistic changed under its name; the statement goes to the ledger.
-    record_statement(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
     try:
-        app = create_app(cfg, bootstrap, noise, datadir, handle)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs)
         worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
         worker.execute_from_commandline()
     finally:
@@ -203,25 +208,66 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_file
-    from .worker_support import load_noise
+    from .worker_support import load_key
 
     cfg = load_config(args.config)
-    for line in replay_file(cfg, args.events, load_noise(cfg)):
+    for line in replay_file(cfg, args.events, load_key(cfg), unverified=args.unverified):
         sys.stdout.write(line.decode() + "\n")
     return 0
 
 
 def cmd_export_log(args: argparse.Namespace) -> int:
-    from .clients import export_log
+    from .export import export_log
+    from .worker_support import load_key
 
     cfg = load_config(args.config)
+    try:
+        key = load_key(cfg)
+    except ConfigError as exc:
+        # Without the key the log has no MAC: a keyed replay of it needs --unverified.
+        print(f"dpstream: {exc}; the log is written without its MAC", file=sys.stderr)
+        key = None
     out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in export_log(cfg, resolve_bootstrap(args.bootstrap)):
+        for line in export_log(cfg, resolve_bootstrap(args.bootstrap), key):
             out.write(line + b"\n")
     finally:
         if args.out:
             out.close()
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from .ledger import history_of, plan, read_records, record_statement, runs_of
+    from .worker_support import load_key
+
+    cfg = load_config(args.config)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    key = load_key(cfg)
+    if args.charge_again:
+        adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
+        for name in args.charge_again:
+            print(f"{name}: new run {adopted.runs[name].run_id} (the old run stays charged)")
+        for line in adopted.statement.describe():
+            print(line)
+        return 0
+    history = history_of(cfg, read_records(cfg, bootstrap), key)
+    runs, retired, _ = runs_of(history.statements)
+    print(f"ledger {cfg.outputs.ledger_topic}, app_id {cfg.app_id}:")
+    for entry in history.statements:
+        print(
+            f"  statement: {', '.join(entry['identities'])} -> one user can lose at most "
+            f"{entry['per_user_total']:g} of total_epsilon={entry['total_epsilon']:g}"
+        )
+    for name, run in sorted(runs.items()):
+        spent = "" if run.charge is None else f" charged {float(run.charge.epsilon):g}"
+        start = history.starts.get((name, run.run_id))
+        since = "not released yet" if start is None else f"released from tick {start}"
+        print(f"  {name}: run {run.run_id}{spent}, {since}")
+    for (name, run_id), charge in sorted(retired.items()):
+        print(f"  {name} (retired run {run_id}): {float(charge.epsilon):g}")
+    for line in plan(cfg, history, key).statement.describe():
+        print(f"  {line}")
     return 0
 
 
@@ -289,7 +335,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
     p.add_argument("--config", required=True)
     p.add_argument("--events", required=True, help='JSONL log with {"tick": n} markers')
+    p.add_argument(
+        "--unverified",
+        action="store_true",
+        help="replay a log this pipeline did not export with its key: the output is as "
+        "sensitive as the key (docs/security.md)",
+    )
     p.set_defaults(func=cmd_replay)
+
+    p = with_config(sub.add_parser("ledger", help="the ledger: what was spent, and runs"))
+    p.add_argument(
+        "--charge-again",
+        nargs="+",
+        metavar="STATISTIC",
+        help="begin these statistics anew (their state was lost): the old runs stay "
+        "charged and the new ones are charged too",
+    )
+    p.set_defaults(func=cmd_ledger)
 
     p = with_config(sub.add_parser("export-log", help="write the events topic as a replay log"))
     p.add_argument("--out", help="output file (default: stdout)")

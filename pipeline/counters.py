@@ -24,6 +24,7 @@ from dpstream.operators.user_level import (
     deletions,
     distinct_count,
     k_selection,
+    svt,
     truncation,
 )
 
@@ -41,6 +42,25 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     if stat.user_level:
         return user_level_counter_for(stat, relation == Neighbours.any_subset)
     return counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
+
+
+def algorithm(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """What runs ``stat``, for its fingerprint: the mechanism as resolved (``mechanism:
+    auto`` names the tree and k it chose) and the version of every algorithm it uses."""
+    relation = cfg.privacy.neighbours.value
+    out: dict[str, object]
+    if stat.user_level:
+        built = user_level_counter_for(stat, relation == Neighbours.any_subset)
+        out = {"mechanism": built.mechanism}
+        modules = [ul, svt, deletions, distinct_count, k_selection, tree_counter]
+    else:
+        counter = counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
+        out = {"mechanism": counter.mechanism}
+        if isinstance(counter.spec, kary_tree.KaryTreeSpec):
+            out["k"] = counter.spec.k
+        modules = [truncation, tree_counter, kary_tree, expiring_tree]
+    out["versions"] = {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules}
+    return out
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:

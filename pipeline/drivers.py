@@ -10,7 +10,7 @@ closes, which of the ingest's events were counted before. No Kafka here.
 from __future__ import annotations
 
 import bisect
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
@@ -25,7 +25,7 @@ from .records import (
     decode_tick,
 )
 from .stage1_state import PartitionState, UserEntry
-from .stage2_state import Stage2State
+from .stage2_state import Stage2State, StatisticRun
 from .stages import Stage1, Stage2, users_of_partition
 from .statistic import Report
 
@@ -134,8 +134,14 @@ class Stage1Driver:
 class Stage2Driver:
     """Stage 2, one report at a time, over one statistic's state."""
 
-    def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
-        self.stage2 = Stage2(cfg, noise, partitions)
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        noise: NoiseSource,
+        partitions: int,
+        runs: Mapping[str, StatisticRun] | None = None,
+    ) -> None:
+        self.stage2 = Stage2(cfg, noise, partitions, runs)
 
     @staticmethod
     def missing_reports(state: Stage2State, report: Report) -> int | None:

@@ -26,16 +26,20 @@ from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 
 from .counting import UnitColumns, add_weights
-from .kinds import statistic_for
+from .kinds import identity_parameters, statistic_for
 from .records import Batch, Event, partition_for
 from .stage1_state import PartitionState, UserEntry
-from .stage2_state import Stage2State, StatisticIdentity
+from .stage2_state import OFFLINE_RUN, Stage2State, StatisticIdentity, StatisticRun
 from .statistic import Report, Statistic, Users
 
 log = logging.getLogger(__name__)
 
 # 3: the default kind mean (whole-user mean) releases noisy samples, no exact counts.
 SCHEMA_VERSION = 3
+# The ledger's records. 4: every record names its app id and is authenticated (``mac``,
+# ``key_commitment``); statements carry runs, sources and the user id field; a statistic's
+# first entry is ``"event": "start"`` with its run (docs/design.md section 4a).
+LEDGER_SCHEMA_VERSION = 4
 
 
 _UNUSED: dict[str, int] = {}  # a new user's ``used``
@@ -231,9 +235,10 @@ class Stage1:
         if last is not None and tick <= last:
             return []
         from_tick = tick if last is None else last + 1
+        born = pstate.setdefault("born", tick)
         pending = pstate["pending"]
         reports = [
-            Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}))
+            Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}), born=born)
             for stat in self._stats
         ]
         slots: dict[str, Any] = pstate.setdefault("stats", {}) if self._user_stats else {}
@@ -241,7 +246,7 @@ class Stage1:
             slots[stat.name], payload = stat.close_tick(
                 slots.get(stat.name), partition, from_tick, tick, _states_of(stat.name, users)
             )
-            reports.append(Report(stat.name, partition, from_tick, tick, {}, payload))
+            reports.append(Report(stat.name, partition, from_tick, tick, {}, payload, born))
         pstate["pending"] = {}
         pstate["last_tick"] = tick
         return reports
@@ -272,7 +277,23 @@ def _states_of(name: str, users: Callable[[], Iterable[tuple[str, UserEntry]]]) 
 class Stage2:
     """Tick barrier across stage-1 partitions, then one step of the statistic per tick."""
 
-    def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        noise: NoiseSource,
+        partitions: int,
+        runs: Mapping[str, StatisticRun] | None = None,
+    ) -> None:
+        """Stage 2 of ``cfg``'s statistics.
+
+        Args:
+            cfg: the pipeline.
+            noise: the key's noise source.
+            partitions: the stage-1 partitions (the events topic's).
+            runs: each statistic's run as the ledger states it (the worker's); None:
+                every statistic under ``OFFLINE_RUN`` (replay of a log without recorded
+                runs, tests).
+        """
         self._cfg = cfg
         # Keyed noise is deterministic per node, so remembering live nodes is safe.
         self._noise = CachedNoise(noise, maxsize=1 << 14)
@@ -281,23 +302,39 @@ class Stage2:
         self._counters: dict[str, Statistic] = {
             s.name: statistic_for(s, cfg) for s in cfg.statistics
         }
-        self._params = {s.name: cfg.statistic_parameters(s) for s in cfg.statistics}
+        self._params = {s.name: identity_parameters(s, cfg) for s in cfg.statistics}
         self._fingerprints = {
             name: accounting.fingerprint(params) for name, params in self._params.items()
         }
+        self._runs = {s.name: (runs or {}).get(s.name, OFFLINE_RUN) for s in cfg.statistics}
         statement = cfg.privacy_statement()
         self._charges = {c.statistic: c for c in statement.charges}
 
     def _check_identity(self, state: Stage2State, name: str) -> None:
+        """Refuse a state this worker must not continue: another run's (its state lost
+        and begun again, or a key changed: continuing would draw fresh noise for what
+        was released), another key's, other parameters'. A state of a run the ledger
+        started anew (charged again) is discarded."""
         identity = state.identity
         if identity is None:
-            if state.last_closed is not None:
-                raise StatisticChanged(
-                    f"statistic {name}: its state has released ticks but no identity (made "
-                    "by an older dpstream); its noise cannot be re-derived: run it under a "
-                    "new app_id or name"
-                )
             return
+        run = self._runs[name]
+        if identity.run_id in run.replaces:
+            log.warning("statistic %s: run %s starts anew (charged again)", name, run.run_id)
+            state.clear()
+            return
+        if identity.run_id != run.run_id:
+            raise StatisticChanged(
+                f"statistic {name}: its state belongs to run {identity.run_id}, the ledger's "
+                f"run is {run.run_id}; continuing either would re-draw released noise: "
+                f"restore the ledger, or start it anew with `dpstream ledger --charge-again "
+                f"{name}` (charged again)"
+            )
+        if run.key_commitment is not None and identity.key_commitment != run.key_commitment:
+            raise StatisticChanged(
+                f"statistic {name}: its releases were drawn under another noise key; a "
+                "changed key re-draws the noise of every released node: restore the key"
+            )
         if identity.fingerprint != self._fingerprints[name]:
             changed = accounting.changed_fields(identity.parameters, self._params[name])
             raise StatisticChanged(
@@ -306,8 +343,45 @@ class Stage2:
                 "new statistic: give it a new name"
             )
 
+    def _check_born(self, state: Stage2State, report: Report) -> None:
+        """Refuse a stage-1 partition whose state began again: every user's contribution
+        bound began again with it, inside trees that already hold their contributions."""
+        if report.born is None:
+            return
+        born = state.born.setdefault(report.partition, report.born)
+        if born != report.born:
+            raise StatisticChanged(
+                f"statistic {report.statistic}: stage-1 partition {report.partition} lost its "
+                f"state (it began at tick {born}, now at tick {report.born}): each user's "
+                "contribution bound began again inside the same trees; restore the stage-1 "
+                "changelog, or start the statistic anew with `dpstream ledger --charge-again "
+                f"{report.statistic}` (charged again)"
+            )
+
+    def _new_identity(self, name: str, tick: int) -> StatisticIdentity:
+        """The statistic's identity at its first closed tick, which must be the tick its
+        run first released at, if it has: a state that is gone and begun again at another
+        tick would release the same data under fresh noise."""
+        run = self._runs[name]
+        if run.start_tick is not None and run.start_tick != tick:
+            raise StatisticChanged(
+                f"statistic {name}: run {run.run_id} released from tick {run.start_tick}, "
+                f"but its state is gone (it would begin again at tick {tick} and release the "
+                "same data under fresh noise): restore the stage-2 changelog, or start it "
+                f"anew with `dpstream ledger --charge-again {name}` (charged again)"
+            )
+        return StatisticIdentity(
+            self._fingerprints[name], self._params[name], tick, run.run_id, run.key_commitment
+        )
+
     def _noise_of(self, identity: StatisticIdentity, name: str) -> NoiseSource:
-        scope = (self._cfg.app_id, name, identity.fingerprint, identity.start_tick)
+        scope = (
+            self._cfg.app_id,
+            name,
+            identity.fingerprint,
+            identity.run_id,
+            identity.start_tick,
+        )
         return ScopedNoise(self._noise, scope)
 
     @staticmethod
@@ -318,6 +392,7 @@ class Stage2:
         """Absorb one report; return (releases, ledger entries) for every tick it closes."""
         name = report.statistic
         self._check_identity(state, name)
+        self._check_born(state, report)
         last = state.reported.get(report.partition)
         if last is not None and report.tick <= last:
             return [], []  # re-delivered report: already counted
@@ -336,10 +411,8 @@ class Stage2:
         releases, ledger = [], []
         for tick in range(start, upto + 1):
             if state.last_closed is None:
-                state.identity = StatisticIdentity(
-                    self._fingerprints[name], self._params[name], tick
-                )
-                ledger.append(self._first_ledger_entry(name, tick))
+                state.identity = self._new_identity(name, tick)
+                ledger.append(self._first_ledger_entry(name, state.identity))
             pending = state.pending.pop(tick, None)
             state.last_closed = tick
             if state.exhausted is not None:
@@ -432,23 +505,27 @@ class Stage2:
         """A ledger entry of a statistic after its first: the common fields around the
         entry's own (an expenditure, the budget spent)."""
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "app_id": self._cfg.app_id,
             "statistic": name,
             "tick": tick,
             **fields,
             "total_epsilon": self._cfg.privacy.total_epsilon,
         }
 
-    def _first_ledger_entry(self, name: str, tick: int) -> dict:
+    def _first_ledger_entry(self, name: str, identity: StatisticIdentity) -> dict:
         """The statistic's first ledger entry, at its first closed tick: what it charges
-        and its identity, completed by the kind (``Statistic.ledger_start``)."""
+        and its identity (the run's start, which the worker checks a recreated state
+        against), completed by the kind (``Statistic.ledger_start``)."""
         stat = self._stats[name]
         counter = self._counters[name]
         entry = {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "app_id": self._cfg.app_id,
+            "event": "start",
             "statistic": name,
             "instance": 0,
-            "tick": tick,
+            "tick": identity.start_tick,
             "epsilon": stat.epsilon,
             "mechanism": counter.mechanism,
             "tau": stat.tau,
@@ -456,7 +533,8 @@ class Stage2:
             "note": "whole infinite stream (parallel composition over periods)",
             "total_epsilon": self._cfg.privacy.total_epsilon,
             "charged": float(self._charges[name].epsilon),
-            "fingerprint": self._fingerprints[name],
-            "start_tick": tick,
+            "fingerprint": identity.fingerprint,
+            "run_id": identity.run_id,
+            "start_tick": identity.start_tick,
         }
         return counter.ledger_start(entry)

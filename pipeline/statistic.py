@@ -27,7 +27,9 @@ class Report:
     Ticks before ``tick`` in that range were empty (caught-up markers); ``weights`` holds
     what the partition's users contributed in ``tick`` (see ``Stage1`` for the keys), and
     ``payload`` the tick's message of a statistic with per-user state (None: nothing
-    to say).
+    to say). ``born``: the tick the partition's stage-1 state began at (its first
+    marker); stage 2 refuses a partition whose stage-1 state began again (lost: every
+    user's contribution bound with it).
     """
 
     statistic: str
@@ -36,6 +38,7 @@ class Report:
     tick: int
     weights: dict[str, int]
     payload: Any = None
+    born: int | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -47,6 +50,8 @@ class Report:
         }
         if self.payload is not None:
             out["payload"] = self.payload
+        if self.born is not None:
+            out["born"] = self.born
         return out
 
     @classmethod
@@ -58,6 +63,7 @@ class Report:
             tick=int(obj["tick"]),
             weights={str(k): int(v) for k, v in obj["weights"].items()},
             payload=obj.get("payload"),
+            born=obj.get("born"),
         )
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
 
@@ -42,8 +43,26 @@ def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminC
     return AdminClient({**conf, **confluent_config(security or KafkaSecurityConfig())})
 
 
-def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
-    """Create dpstream's missing topics; stop with a ConfigError if one has the wrong shape.
+# The ledger is what users have lost, for good: it never expires, and compaction (which
+# keeps one record per key) would erase every statement but the last.
+LEDGER_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def missing_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> list[str]:
+    """dpstream's topics (``topic_plan``) that do not exist."""
+    existing = admin(bootstrap, cfg.kafka).list_topics(timeout=timeout).topics
+    return [name for name in topic_plan(cfg) if name not in existing]
+
+
+def ensure_topics(
+    cfg: PipelineConfig,
+    bootstrap: str,
+    timeout: float = 30.0,
+    only: Iterable[str] | None = None,
+) -> list[str]:
+    """Create dpstream's missing topics (``only`` these, if given); stop with a
+    ConfigError if one has the wrong shape or an existing ledger topic could forget.
+    Returns the topics it created.
 
     A source topic that does not exist yet is created with ``input.partitions`` partitions
     and the broker's defaults (a new pipeline's first run); one that exists is never
@@ -57,16 +76,22 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
+    if cfg.outputs.ledger_topic in existing:
+        check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
     # The broker stamps the events topic's records, so a tick marker's time cannot be
     # forged (records.check_marker_time).
     configs[cfg.events_topic] = {"message.timestamp.type": "LogAppendTime"}
+    configs[cfg.outputs.ledger_topic] = LEDGER_CONFIG
     plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
+    wanted = set(plan) if only is None else set(only)
     missing = [
-        NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
+        NewTopic(n, p, 1, config=configs.get(n, {}))
+        for n, p in plan.items()
+        if n not in existing and n in wanted
     ]
     if not missing:
-        return
+        return []
     for name, future in client.create_topics(missing, operation_timeout=timeout).items():
         try:
             future.result()
@@ -74,3 +99,28 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
             if exc.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent worker won
                 raise
         log.info("created topic %s", name)
+    return [topic.topic for topic in missing]
+
+
+def check_ledger_topic(client: AdminClient, topic: str, timeout: float = 30.0) -> None:
+    """Refuse a ledger topic that could lose records: finite retention (time or size) or
+    compaction; the message names the topic setting to change."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    (future,) = client.describe_configs([resource], request_timeout=timeout).values()
+    settings = {name: entry.value for name, entry in future.result().items()}
+    policy = settings.get("cleanup.policy") or "delete"
+    if "compact" in policy.split(","):
+        raise ConfigError(
+            f"outputs.ledger_topic: topic {topic!r} has cleanup.policy={policy}: compaction "
+            "keeps one record per key and would erase the ledger's history; set "
+            "cleanup.policy=delete with retention.ms=-1 (kafka-configs --alter --entity-type "
+            f"topics --entity-name {topic} --add-config cleanup.policy=delete,retention.ms=-1)"
+        )
+    for name in ("retention.ms", "retention.bytes"):
+        value = settings.get(name)
+        if value is not None and int(value) >= 0:
+            raise ConfigError(
+                f"outputs.ledger_topic: topic {topic!r} has {name}={value}: the ledger would "
+                f"forget what users have lost; set {name}=-1 (kafka-configs --alter "
+                f"--entity-type topics --entity-name {topic} --add-config {name}=-1)"
+            )

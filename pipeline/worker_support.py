@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 import re
 import signal
@@ -13,8 +12,9 @@ import sys
 from pathlib import Path
 
 from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
-from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
+from dpstream.operators.noise import NoiseSource
 
+from .keys import PipelineKey
 from .kinds import value_rule
 from .records import Limits
 
@@ -41,13 +41,19 @@ def limits_for(cfg: PipelineConfig) -> Limits:
 
 
 def load_noise(cfg: PipelineConfig) -> NoiseSource:
-    """The noise source the config asks for. The key is read here and never logged.
+    """The noise source the config asks for (``load_key``'s)."""
+    return load_key(cfg).noise
+
+
+def load_key(cfg: PipelineConfig) -> PipelineKey:
+    """The pipeline's key as the config gives it: noise, ledger MACs, key commitment
+    (``pipeline.keys``). The key is read here and never logged.
 
     Raises:
         ConfigError: keyed mode without a usable key; the message names the field.
     """
     if cfg.noise.mode is NoiseMode.insecure_zero:
-        return ZeroNoise()
+        return PipelineKey.insecure_zero()
     if cfg.noise.key_file is not None:
         try:
             text = cfg.noise.key_file.read_bytes()
@@ -64,8 +70,7 @@ def load_noise(cfg: PipelineConfig) -> NoiseSource:
         key = noise_key(value.encode(), "noise.key_env")
     else:
         raise ConfigError("noise: keyed mode needs noise.key_file or noise.key_env")
-    # Fixed-length key for the keyed construction, domain-separated from other uses.
-    return KeyedNoise(hashlib.sha256(b"dpstream-noise-key\0" + key).digest())
+    return PipelineKey.from_key(key)
 
 
 def noise_key(text: bytes, field: str) -> bytes:

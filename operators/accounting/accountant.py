@@ -108,6 +108,8 @@ class Charge:
         per_epoch: a per-cell mean: ``epsilon`` is per accounting epoch.
         exact_counts: its releases carry exact data-dependent counts (public counts).
         basis: how the charge comes about, in words.
+        run_id: which run of the statistic it charges (None: its current one). A
+            statistic started anew (its state lost, a changed key) is charged once per run.
     """
 
     statistic: str
@@ -116,9 +118,10 @@ class Charge:
     per_epoch: bool
     exact_counts: bool
     basis: str
+    run_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "statistic": self.statistic,
             "relation": self.relation,
             "epsilon": float(self.epsilon),
@@ -126,6 +129,9 @@ class Charge:
             "exact_counts": self.exact_counts,
             "basis": self.basis,
         }
+        if self.run_id is not None:
+            out["run_id"] = self.run_id
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Charge:
@@ -137,6 +143,7 @@ class Charge:
             per_epoch=obj["per_epoch"],
             exact_counts=obj["exact_counts"],
             basis=obj["basis"],
+            run_id=obj.get("run_id"),
         )
 
 
@@ -194,7 +201,8 @@ class PrivacyStatement:
             unit = " per epoch" if c.per_epoch else ""
             lines.append(f"  {c.statistic}: {float(c.epsilon):g}{unit} ({c.relation}; {c.basis})")
         for c in self.retired:
-            lines.append(f"  {c.statistic} (retired, spent): {float(c.epsilon):g}")
+            run = "" if c.run_id is None else f", run {c.run_id}"
+            lines.append(f"  {c.statistic} (retired{run}, spent): {float(c.epsilon):g}")
         unit = " per accounting epoch" if self.per_epoch else " over the whole stream"
         lines.append(
             f"  one user can lose at most {float(self.per_user_total):g}{unit} "

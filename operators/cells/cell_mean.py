@@ -103,6 +103,10 @@ from ..selection import private_quantile as pq
 from . import pseudo_users as pu
 from .cell_accountant import CellCharge
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "cell_mean"
 MECHANISMS = ("baseline", "array_averaging", "levy", "quantile", "noisy_ratio")
 PAPER_MECHANISMS = MECHANISMS[:4]

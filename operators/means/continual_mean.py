@@ -117,6 +117,10 @@ from ..noise import (
 from ..selection import private_median as pm
 from ..trees import binary_mechanism as bm
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "continual_mean"
 
 Hist = tuple[tuple[int, int], ...]

@@ -80,6 +80,10 @@ from .. import _validate
 from ..noise import NodeId, NoiseSource, TreeRelease, chernoff_interval, clip_to_grid, ratio_bounds
 from ..trees import tree_counter
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "whole_user_mean"
 
 

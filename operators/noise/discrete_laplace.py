@@ -31,6 +31,10 @@ import numpy as np
 from .._validate import check_int_ge, check_positive, check_probability
 from ..errors import InvalidOperatorConfig
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 NodeId = tuple[str | int, ...]
 """Public identity of a node, e.g. ("events", 0, 3, 1, 2) = (statistic, instance,
 period, level, index)."""

@@ -115,6 +115,10 @@ from .svt import beta_spent as _beta_spent
 from .svt import guaranteed_stop_level as _guaranteed_stop_level
 from .svt import spent_epsilon as _tracker_spent
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "user_level"
 
 Vector = tuple[int, ...]

@@ -43,6 +43,10 @@ from ..errors import InvalidOperatorConfig
 from ..noise import NoiseSource, TreeRelease, chernoff_interval
 from . import counter as ul
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "deletions"
 
 STATISTICS = ("count", "sum", "histogram")

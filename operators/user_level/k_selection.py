@@ -74,6 +74,10 @@ from .. import _validate
 from ..noise import NoiseSource
 from . import counter as ul
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 Bin = tuple[int, int]
 """(level i, bin b), both 1-based: bin b of level i is [(b - 1) 2^(i-1) + 1, b 2^(i-1)]."""
 

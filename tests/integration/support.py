@@ -24,7 +24,9 @@ from confluent_kafka import Consumer, TopicPartition
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.broker import containers_required, docker_available
-from dpstream.pipeline.clients import export_log, make_producer, produce_events
+from dpstream.pipeline.clients import make_producer, produce_events
+from dpstream.pipeline.export import LOG_MAC, export_log
+from dpstream.pipeline.ledger import LOG_HEADER
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.worker_support import load_noise, spawn_worker, stop_worker
 from dpstream.testing.pipeline import unique_names  # the plugin's: one way to name a test's topics
@@ -246,6 +248,8 @@ def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = defaultdict(dict)
     for line in log:
         obj = orjson.loads(line)
+        if LOG_HEADER in obj or LOG_MAC in obj:
+            continue
         if "user_id" not in obj:
             for s in cfg.statistics:
                 out[s.name][obj["tick"]] = total[s.name]

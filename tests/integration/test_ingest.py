@@ -32,8 +32,9 @@ import yaml
 from confluent_kafka import Consumer, Producer
 
 from dpstream.config.schema import parse_config
-from dpstream.pipeline.clients import export_log, read_topic
+from dpstream.pipeline.clients import read_topic
 from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
+from dpstream.pipeline.export import export_log
 from dpstream.pipeline.ingest import Ingest, consumer_config, source_lag
 from dpstream.pipeline.records import decode_envelope
 from dpstream.pipeline.topics import ensure_topics

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from dpstream.config.schema import parse_config
-from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline import app as app_module
 from dpstream.pipeline.app import HoleUnread, crash_only, create_app
+from dpstream.pipeline.keys import PipelineKey
 
 
 class Exited(BaseException):
@@ -116,7 +116,7 @@ def test_both_agents_of_the_worker_app_end_the_worker_on_an_exception(
 ):
     cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
                         "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
-    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    app = create_app(cfg, "127.0.0.1:9", PipelineKey.insecure_zero(), tmp_path)
     fun = app.agents[agent].fun
     # Not a JSON report, and tables that never started: a bug either way, not bad input.
     with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):

@@ -87,11 +87,13 @@ def test_stage1_truncates_per_statistic_and_filters_by_key():
         "b": {"used": {"all": 1}, "offset": 0},
     }
     reports = stage1.close_tick(pstate, 1, 100)
+    # ``born``: the partition state's first tick, on every report it ever sends.
     assert reports == [
-        Report("all", 1, 100, 100, {"w": 3}),
-        Report("clicks", 1, 100, 100, {"w": 1}),
+        Report("all", 1, 100, 100, {"w": 3}, born=100),
+        Report("clicks", 1, 100, 100, {"w": 1}, born=100),
     ]
     assert pstate["pending"] == {}
+    assert [r.born for r in stage1.close_tick(pstate, 1, 103)] == [100, 100]
 
 
 def _apply(stage1, pstate, users, events, offset):
