@@ -717,8 +717,9 @@ def exact_totals(lines: list[bytes]) -> dict[str, dict[int, int]]:
     for line in lines:
         obj = orjson.loads(line)
         if "user_id" not in obj:
-            for s in STATISTICS:
-                out[s["name"]][obj["tick"]] = total[s["name"]]
+            if "tick" in obj:  # a marker, not the log's header
+                for s in STATISTICS:
+                    out[s["name"]][obj["tick"]] = total[s["name"]]
             continue
         for s in STATISTICS:
             if obj["key"] != s["key"]:
