@@ -26,7 +26,7 @@ from .records import (
 )
 from .stage1_state import PartitionState, UserEntry
 from .stage2_state import Stage2State
-from .stages import Stage1, Stage2, users_of_partition
+from .stages import Stage1, Stage2
 from .statistic import Report
 
 Rejected = tuple[int | None, str]
@@ -122,8 +122,7 @@ class Stage1Driver:
             check_marker_time(tick, self._interval, timestamp_ms)
         except BadRecord as exc:
             return [], [(None, exc.reason)]
-        owned = users_of_partition(users, partition, self._partitions)
-        return self.stage1.close_tick(pstate, partition, tick, owned), []
+        return self.stage1.close_tick(pstate, partition, tick, users), []
 
     @staticmethod
     def done(pstate: PartitionState, offset: int) -> None:
