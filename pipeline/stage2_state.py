@@ -39,7 +39,7 @@ class StatisticIdentity:
 class Stage2State:
     """One statistic's tick barrier and mechanism state.
 
-    A plain mutable dataclass, not a frozen one: one report changes up to six of its
+    A plain mutable dataclass, not a frozen one: one report changes up to eight of its
     fields, tick after tick of the ticks it closes, and the drivers (the worker, replay)
     hand stage 2 one state that it advances in place. A frozen state would copy its four
     maps on every report for no safety gained: the worker stores the state (its JSON) only
@@ -62,6 +62,11 @@ class Stage2State:
     """Stage-1 partition -> the stage-2 offset of its last absorbed report."""
     exhausted: int | None = None
     """The tick at which an expiring statistic's lifetime budget was spent."""
+    held_releases: list[dict[str, Any]] = field(default_factory=list)
+    """Releases of closed ticks, in closing order, held until a release marker of their
+    tick or later publishes them (at its deadline)."""
+    held_ledger: list[dict[str, Any]] = field(default_factory=list)
+    """Ledger entries of closed ticks, held like ``held_releases``."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -72,6 +77,7 @@ class Stage2State:
             "tree": self.tree,
             "identity": None if self.identity is None else self.identity.to_json(),
             "offsets": _string_keys(self.offsets),
+            "held": {"releases": self.held_releases, "ledger": self.held_ledger},
         }
         if self.exhausted is not None:  # written only once it happened
             out["exhausted"] = self.exhausted
@@ -80,8 +86,9 @@ class Stage2State:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Stage2State:
         # States stored before identities (the worker refuses them once they have
-        # released) and before offsets have no such keys.
+        # released), before offsets and before release deadlines have no such keys.
         identity = data.get("identity")
+        held = data.get("held", {})
         return cls(
             reported=_int_keys(data["reported"]),
             first=_int_keys(data["first"]),
@@ -91,6 +98,8 @@ class Stage2State:
             identity=None if identity is None else StatisticIdentity.from_json(identity),
             offsets=_int_keys(data.get("offsets", {})),
             exhausted=data.get("exhausted"),
+            held_releases=held.get("releases", []),
+            held_ledger=held.get("ledger", []),
         )
 
 

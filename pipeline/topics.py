@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
 
@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 
 
 COMPACTED = {"cleanup.policy": "compact"}
+TIMESTAMP_TYPE = "message.timestamp.type"
 
 # The Faust tables of pipeline/app.py; Faust names their changelogs <app_id>-<table>-changelog.
 TABLES = ("stage1", "stage2")
@@ -37,6 +38,19 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
     return plan
 
 
+def timestamp_types(cfg: PipelineConfig) -> dict[str, str]:
+    """The timestamps dpstream's topics must keep. The broker stamps the events and
+    stage-2 topics (LogAppendTime), so a tick or release marker cannot claim another time
+    (records.check_marker_time); the release and ledger topics keep the one dpstream sets
+    (CreateTime): the release deadline, which a broker's append time would replace with
+    one that depends on when stage 2 got there."""
+    out = dict.fromkeys((cfg.events_topic, cfg.stage2_topic), "LogAppendTime")
+    for stat in cfg.statistics:
+        out[cfg.release_topic(stat.name)] = "CreateTime"
+    out[cfg.outputs.ledger_topic] = "CreateTime"
+    return out
+
+
 def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminClient:
     conf: dict[str, str | int] = {"bootstrap.servers": bootstrap, "log_level": 0}
     return AdminClient({**conf, **confluent_config(security or KafkaSecurityConfig())})
@@ -57,10 +71,10 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
+    _check_timestamps(client, cfg, existing, timeout)
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
-    # The broker stamps the events topic's records, so a tick marker's time cannot be
-    # forged (records.check_marker_time).
-    configs[cfg.events_topic] = {"message.timestamp.type": "LogAppendTime"}
+    for name, kind in timestamp_types(cfg).items():
+        configs[name] = {TIMESTAMP_TYPE: kind}
     plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
     missing = [
         NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
@@ -74,3 +88,25 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
             if exc.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent worker won
                 raise
         log.info("created topic %s", name)
+
+
+def _check_timestamps(
+    client: AdminClient, cfg: PipelineConfig, existing: dict, timeout: float
+) -> None:
+    """Stop with a ConfigError naming the topic and the setting when one of dpstream's
+    existing topics keeps other timestamps than ``timestamp_types`` says (one created by
+    an older dpstream, or by hand): changing it is the operator's call."""
+    wanted = {name: kind for name, kind in timestamp_types(cfg).items() if name in existing}
+    if not wanted:
+        return
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in wanted]
+    for resource, future in client.describe_configs(resources, request_timeout=timeout).items():
+        have = future.result()[TIMESTAMP_TYPE].value
+        need = wanted[resource.name]
+        if have != need:
+            raise ConfigError(
+                f"topic {resource.name!r} has {TIMESTAMP_TYPE}={have}; dpstream needs {need} "
+                "there (docs/design.md section 1): set it with kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {resource.name} --add-config "
+                f"{TIMESTAMP_TYPE}={need}"
+            )
