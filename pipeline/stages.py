@@ -134,7 +134,7 @@ class Stage1:
             new: UserEntry = {"used": used, "offset": offset}
             if events_of is not None:
                 self._add_per_user(
-                    pstate, entry, new, events_of[i], partition, in_pending, (user_id, index)
+                    pstate, entry, new, events_of[i], partition, in_pending, user_id, index
                 )
             writes.append((user_id, new))
         users.update(writes)  # each user once: the record's writes at once
@@ -169,10 +169,11 @@ class Stage1:
         events: list[Event],
         partition: int,
         in_pending: bool,
-        indexed: tuple[str, _ScanIndex | None],
+        user_id: str,
+        index: _ScanIndex | None,
     ) -> None:
-        """The kinds counted per user, for one user's events of a record (``indexed``:
-        the user's id and the partition's scan index)."""
+        """The kinds counted per user, for one user's events of a record (``index``: the
+        partition's scan index, when a statistic has per-user state)."""
         kept_now: dict[str, dict[str, int]] = {}
         for stat in self._per_user:
             stat.add(events, entry["used"], kept_now)
@@ -181,7 +182,6 @@ class Stage1:
                 add_weights(pstate["pending"].setdefault(name, {}), weights)
         if kept_now:
             entry["kept"] = kept_now
-        user_id, index = indexed
         if index is not None:
             self._apply_user_stats(pstate, stored, entry, events, partition, in_pending)
             index.update(self._user_stats, pstate["stats"], user_id, entry["state"])
@@ -291,7 +291,7 @@ class _ScanIndex:
 
     A close used to walk every user entry the worker held, so the time from a marker to
     its report grew with the users held, a data-dependent time before a release
-    (docs/design.md section 13 has the measurements). The index holds only the users a close may
+    (docs/design.md section 1 has the measurements). The index holds only the users a close may
     need (a cell mean's: those with data no close has sent; a continual mean's: the
     admitted, in rank order). It lives in memory, kept by ``add_events`` and
     ``close_tick``, and is built once from the table per partition state object, so it
@@ -342,6 +342,9 @@ class _Scan:
 
     def __call__(self) -> Iterator[tuple[str, Any]]:
         self.done = True
+        return self._states()
+
+    def _states(self) -> Iterator[tuple[str, Any]]:
         for user_id, _ in sorted(self._indexed.items(), key=itemgetter(1)):
             entry = self._users.get(user_id)
             state = None if entry is None else entry.get("state", {}).get(self._name)
