@@ -29,7 +29,16 @@ from .ingest import IngestHandle
 from .kafka_security import faust_credentials
 from .keys import PipelineKey
 from .ledger import signed
-from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
+from .records import (
+    ENVELOPE,
+    HEADER,
+    RELEASE,
+    TICK,
+    BadRecord,
+    dead_letter,
+    encode_tick,
+    header_kind,
+)
 from .stage1_state import PartitionState, new_partition_state
 from .stage2_state import Stage2State, StatisticRun
 from .stages import Stage2, StatisticChanged
@@ -84,6 +93,12 @@ def stop_if_ingest_ended(ingest: IngestHandle) -> None:
     how = "its thread ended" if ingest.exitcode is None else f"exit code {ingest.exitcode}"
     log.critical("the ingest stopped (%s); stopping the worker", how)
     exit_now()
+
+
+def faust_timestamp(timestamp_ms: int) -> float:
+    """A Kafka timestamp as Faust's ``send(timestamp=...)`` takes it: in seconds, which it
+    turns into ``int(timestamp * 1000)``; half a millisecond more keeps that exact."""
+    return (timestamp_ms + 0.5) / 1000
 
 
 def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
@@ -153,11 +168,16 @@ def create_app(
     rejected: Counter[str] = Counter()
 
     async def reject(
-        reason: str, partition: int, offset: int, value: bytes | None, index: int | None = None
+        reason: str,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        index: int | None = None,
+        topic: str = cfg.events_topic,
     ) -> Awaitable:
         rejected[reason] += 1
         return await dead_letter_topic.send(
-            value=dead_letter(reason, cfg.events_topic, partition, offset, value, index)
+            value=dead_letter(reason, topic, partition, offset, value, index)
         )
 
     async def acknowledged(sent: list[Awaitable]) -> None:
@@ -252,6 +272,20 @@ def create_app(
         stored = stage2_state.get(statistic)
         return None if stored is None else Stage2State.from_json(stored)
 
+    async def handle_stage2(
+        partition: int,
+        offset: int,
+        value: bytes,
+        headers,
+        timestamp_ms: int | None,
+        in_gap: bool = False,
+    ) -> None:
+        # The stage-2 topic holds stage 1's reports and the clock's release markers.
+        if header_kind(headers) == RELEASE:
+            await handle_release(partition, offset, value, timestamp_ms)
+        else:
+            await handle_report(partition, offset, value, in_gap)
+
     async def handle_report(
         partition: int, offset: int, value: bytes, in_gap: bool = False
     ) -> None:
@@ -272,47 +306,82 @@ def create_app(
                 offset - 1,
             )
             missing = await read_hole(cfg.stage2_topic, partition, start, offset)
-            for at, _, earlier, _ in missing:
-                await handle_report(partition, at, earlier, in_gap=True)
+            for at, headers, earlier, timestamp_ms in missing:
+                await handle_stage2(partition, at, earlier, headers, timestamp_ms, in_gap=True)
             state = stored_stage2_state(report.statistic) or state
         try:
-            releases, ledger = driver2.on_report(state, report, offset)
+            # Closes what every partition has reported; its outputs wait in the state
+            # for their release marker.
+            driver2.on_report(state, report, offset)
         except StatisticChanged as exc:
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
             raise  # crash_only stops the worker
-        name = report.statistic.encode()
-        sent = [
-            await ledger_topic.send(key=name, value=orjson.dumps(signed(entry, cfg, key)))
-            for entry in ledger
-        ]
-        for release in releases:
-            topic = release_topics[report.statistic]
-            sent.append(await topic.send(key=name, value=orjson.dumps(release)))
-        await acknowledged(sent)
         stage2_state[report.statistic] = state.to_json()
 
-    async def on_report(event: faust.EventT) -> None:
-        await handle_report(event.message.partition, event.message.offset, event.value)
+    async def handle_release(
+        partition: int, offset: int, value: bytes, timestamp_ms: int | None
+    ) -> None:
+        # The release marker of tick t, written by the clock at t's deadline: publish
+        # what this partition's statistics closed up to t, stamped with that deadline,
+        # so that when a release leaves and its timestamp depend on the clock only.
+        try:
+            tick = driver2.release_tick(value, timestamp_ms)
+        except BadRecord as exc:
+            where = cfg.stage2_topic
+            await acknowledged([await reject(exc.reason, partition, offset, value, None, where)])
+            return
+        stamp = faust_timestamp(driver2.deadline_ms(tick))
+        for name in driver2.statistics_of(partition):
+            state = stored_stage2_state(name)
+            if state is None:
+                continue
+            releases, ledger = driver2.on_release(state, tick)
+            if not (releases or ledger):
+                continue
+            name_key, topic = name.encode(), release_topics[name]
+            sent = [
+                await ledger_topic.send(
+                    key=name_key, value=orjson.dumps(signed(e, cfg, key)), timestamp=stamp
+                )
+                for e in ledger
+            ]
+            for release in releases:
+                value = orjson.dumps(release)
+                sent.append(await topic.send(key=name_key, value=value, timestamp=stamp))
+            await acknowledged(sent)
+            stage2_state[name] = state.to_json()
+
+    async def on_stage2(event: faust.EventT) -> None:
+        msg = event.message
+        stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+        await handle_stage2(msg.partition, msg.offset, event.value, msg.headers, stamp)
 
     @app.agent(stage2_topic, name="stage2")
     async def stage2_agent(stream: faust.StreamT) -> None:
-        await crash_only("stage 2", stream, on_report)
+        await crash_only("stage 2", stream, on_stage2)
 
-    interval = cfg.ticks.interval_seconds
-    clock: dict[str, int | None] = {"last": None}
+    interval, delay = cfg.ticks.interval_seconds, cfg.ticks.release_delay
+    clock: dict[bytes, int | None] = {TICK: None, RELEASE: None}
 
-    @app.timer(min(interval / 4, 1.0), on_leader=True)
-    async def public_clock() -> None:
-        # Tick n covers [n*I, (n+1)*I) of Unix time: boundaries depend on the clock only.
-        closed = math.floor(time.time() / interval) - 1
-        first = closed if clock["last"] is None else clock["last"] + 1
-        for tick in range(first, closed + 1):
+    async def write_markers(topic: faust.TopicT, kind: bytes, upto: int) -> None:
+        # Every partition gets each marker; a new leader starts at the current one (a
+        # release marker publishes every tick closed before it, so none is lost).
+        last = clock[kind]
+        for tick in range(upto if last is None else last + 1, upto + 1):
             for partition in range(partitions):
-                await events_topic.send(
-                    value=encode_tick(tick), partition=partition, headers=[(HEADER, TICK)]
+                await topic.send(
+                    value=encode_tick(tick), partition=partition, headers=[(HEADER, kind)]
                 )
-            clock["last"] = tick
+            clock[kind] = tick
+
+    @app.timer(cfg.ticks.marker_period_seconds, on_leader=True)
+    async def public_clock() -> None:
+        now = time.time()
+        # Tick n covers [n*I, (n+1)*I) of Unix time: boundaries depend on the clock only;
+        # its release deadline (n+1)*I + delay too.
+        await write_markers(events_topic, TICK, math.floor(now / interval) - 1)
+        await write_markers(stage2_topic, RELEASE, math.floor((now - delay) / interval) - 1)
 
     @app.timer(1.0)
     async def watch_ingest() -> None:

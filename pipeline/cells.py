@@ -21,8 +21,9 @@ user's state (``CellUserState``) keeps at most two groups of aggregates, ``opene
 state grows with the slot's length.
 
 **What stage 1 sends.** At a marker that closes a slot (the slot's last tick, or a marker
-past it after a gap) stage 1 scans its partition's users and sends every (cell, user)
-aggregate of the closing slot(s): count, sum and the first values in arrival order, in
+past it after a gap) stage 1 scans the users of its partition that hold data no close has
+sent (``scan_order``: an index kept in memory, not every user entry) and sends every
+(cell, user) aggregate of the closing slot(s): count, sum and the first values in arrival order, in
 grid units (``UserCellAggregate``). Stage 2 files a slot's data under the slot's last tick
 (``parts``), so a partition that missed markers is not late.
 
@@ -229,6 +230,12 @@ class CellMeanStatistic:
 
     def redo(self, pstate: Any, redo: Any, partition: int) -> Any:
         return pstate
+
+    def scan_order(self, pstate: Any, ustate: Any) -> int | None:
+        """0 while the user holds data a slot close has not sent (stage 2 sorts users:
+        any order does), None once every close that needed it is past."""
+        user = self._settle(CellUserState.from_json(ustate), CellMarks.from_json(pstate))
+        return None if user.opened is None and user.pending is None else 0
 
     def close_tick(
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any

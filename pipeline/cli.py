@@ -69,7 +69,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(
         f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
         f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
-        f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
+        f"tick {cfg.ticks.interval_seconds:g}s (released {cfg.ticks.release_delay:g}s after its "
+        f"end), noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
         print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")

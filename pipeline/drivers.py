@@ -4,7 +4,8 @@ The Faust agents (``app.py``) read records, call these drivers, send what they r
 store the states once the broker has acknowledged it; ``replay.py`` calls the same drivers
 over a log. Neither decides anything the drivers decide: which marker is a re-delivery,
 which bad event is dead-lettered (once), where a consumer skipped records, what a report
-closes, which of the ingest's events were counted before. No Kafka here.
+closes, what a release marker publishes and with which timestamp, which of the ingest's
+events were counted before. No Kafka here.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from .records import (
     check_marker_time,
     decode_envelope,
     decode_tick,
+    partition_for,
+    release_deadline_ms,
 )
 from .stage1_state import PartitionState, UserEntry
 from .stage2_state import Stage2State, StatisticRun
-from .stages import Stage1, Stage2, users_of_partition
+from .stages import Stage1, Stage2
 from .statistic import Report
 
 Rejected = tuple[int | None, str]
@@ -122,8 +125,7 @@ class Stage1Driver:
             check_marker_time(tick, self._interval, timestamp_ms)
         except BadRecord as exc:
             return [], [(None, exc.reason)]
-        owned = users_of_partition(users, partition, self._partitions)
-        return self.stage1.close_tick(pstate, partition, tick, owned), []
+        return self.stage1.close_tick(pstate, partition, tick, users), []
 
     @staticmethod
     def done(pstate: PartitionState, offset: int) -> None:
@@ -132,7 +134,9 @@ class Stage1Driver:
 
 
 class Stage2Driver:
-    """Stage 2, one report at a time, over one statistic's state."""
+    """Stage 2, one record at a time, over one statistic's state: a report is absorbed and
+    closes the ticks every partition has reported, whose releases and ledger entries are
+    held in the state; a release marker publishes those of its tick and before."""
 
     def __init__(
         self,
@@ -142,6 +146,13 @@ class Stage2Driver:
         runs: Mapping[str, StatisticRun] | None = None,
     ) -> None:
         self.stage2 = Stage2(cfg, noise, partitions, runs)
+        self._interval = cfg.ticks.interval_seconds
+        self._delay = cfg.ticks.release_delay
+        # Faust keys the stage-2 topic by statistic (Kafka's default partitioner, murmur2).
+        self._names_by_partition: dict[int, list[str]] = {}
+        for stat in cfg.statistics:
+            at = partition_for(stat.name, partitions)
+            self._names_by_partition.setdefault(at, []).append(stat.name)
 
     @staticmethod
     def missing_reports(state: Stage2State, report: Report) -> int | None:
@@ -161,12 +172,40 @@ class Stage2Driver:
             return min(state.offsets.values(), default=-1) + 1
         return None
 
-    def on_report(
-        self, state: Stage2State, report: Report, offset: int
-    ) -> tuple[list[dict], list[dict]]:
-        """(releases, ledger entries) of every tick report ``offset`` closes."""
+    def on_report(self, state: Stage2State, report: Report, offset: int) -> None:
+        """Absorb report ``offset``; hold the releases and ledger entries of every tick
+        it closes until their release marker (``on_release``)."""
         last = state.reported.get(report.partition)
-        out = self.stage2.on_report(state, report)
+        releases, ledger = self.stage2.on_report(state, report)
+        state.held_releases.extend(releases)
+        state.held_ledger.extend(ledger)
         if last is None or report.tick > last:  # absorbed, not a re-delivered copy
             state.offsets[report.partition] = offset
-        return out
+
+    def statistics_of(self, partition: int) -> list[str]:
+        """The statistics whose reports and state are in stage-2 partition ``partition``:
+        a release marker there publishes theirs."""
+        return self._names_by_partition.get(partition, [])
+
+    def release_tick(self, value: bytes | None, timestamp_ms: int | None) -> int:
+        """The tick of a release marker (its broker timestamp checked against the tick's
+        deadline, as a tick marker's against its end); BadRecord when it is not one."""
+        what = "release marker"
+        tick = decode_tick(value or b"", what)
+        check_marker_time(tick, self._interval, timestamp_ms, self._delay, what)
+        return tick
+
+    def deadline_ms(self, tick: int) -> int:
+        """The Kafka timestamp of what release marker ``tick`` publishes: its deadline."""
+        return release_deadline_ms(tick, self._interval, self._delay)
+
+    @staticmethod
+    def on_release(state: Stage2State, tick: int) -> tuple[list[dict], list[dict]]:
+        """(releases, ledger entries) that release marker ``tick`` publishes: those held
+        of ticks up to ``tick``, in closing order, a tick that missed its own deadline
+        included; they leave the state (store it once they are acknowledged)."""
+        releases = [r for r in state.held_releases if r["tick"] <= tick]
+        ledger = [e for e in state.held_ledger if e["tick"] <= tick]
+        state.held_releases = [r for r in state.held_releases if r["tick"] > tick]
+        state.held_ledger = [e for e in state.held_ledger if e["tick"] > tick]
+        return releases, ledger

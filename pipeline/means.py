@@ -192,6 +192,12 @@ class ContinualMeanStatistic:
             part, _ = cm.admit(self.spec, part)
         return to_json(cm.absorb(self.spec, part, record.effects))
 
+    def scan_order(self, pstate: Any, ustate: Any) -> int | None:
+        """The user's admission rank: a median histogram packs the admitted users' samples
+        in rank order (``continual_mean.median_histograms``); None for a user over the cap."""
+        rank: int = ustate["rank"]  # state_codec's form of a UserState: its fields by name
+        return rank if rank >= 0 else None
+
     def close_tick(
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any
     ) -> tuple[Any, Any]:

@@ -18,6 +18,12 @@ dpstream's events topic (written by the ingest and the clock only) holds
   * tick markers (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
     clock into every partition. Events between markers n-1 and n belong to tick n.
 
+dpstream's stage-2 topic (written by stage 1 and the clock only) holds stage 1's reports
+(no header, ``statistic.Report``) and release markers (header ``dpstream: release``):
+``{"tick": n}``, written by the leader's clock into every partition once tick n's release
+deadline has passed (``release_deadline_ms``); stage 2 publishes what it closed up to
+tick n then, stamped with that deadline.
+
 A bad source record or event is rejected with a reason and goes to the dead-letter topic.
 Reasons name the problem, never the raw value (user ids and payloads stay out of logs).
 """
@@ -36,6 +42,7 @@ from aiokafka.partitioner import murmur2
 
 HEADER = "dpstream"
 TICK = b"tick"
+RELEASE = b"release"
 BATCH = b"batch"
 ENVELOPE = b"envelope"
 
@@ -242,33 +249,47 @@ def _loads(value: bytes) -> object:
         raise BadRecord("malformed JSON") from None
 
 
-# A marker is written by the leader's clock right after its tick ends; the broker stamps
-# it (the events topic uses LogAppendTime). One that claims a tick not yet ended, or one
-# long over, is not the clock's: anyone who may write events could write it.
+# A marker is written by the leader's clock right after its time (a tick's end, a release
+# deadline); the broker stamps it (the events and stage-2 topics use LogAppendTime). One
+# that claims a time not yet come, or one long over, is not the clock's: anyone who may
+# write the topic could write it.
 MARKER_CLOCK_SKEW_SECONDS = 2.0
 MARKER_MAX_AGE_SECONDS = 300.0
 
 
-def check_marker_time(tick: int, interval: float, timestamp_ms: int | None) -> None:
-    """Raise BadRecord unless tick marker ``tick`` was appended after its tick ended and
-    not long after (``timestamp_ms``: the record's broker timestamp; None skips)."""
+def release_deadline_ms(tick: int, interval: float, delay: float) -> int:
+    """Tick ``tick``'s release deadline, tick end + ``delay``, in whole milliseconds (a
+    Kafka timestamp): its releases' record timestamp."""
+    return round(((tick + 1) * interval + delay) * 1000)
+
+
+def check_marker_time(
+    tick: int,
+    interval: float,
+    timestamp_ms: int | None,
+    delay: float = 0.0,
+    what: str = "tick marker",
+) -> None:
+    """Raise BadRecord unless marker ``tick`` was appended after its time, the tick's end
+    plus ``delay`` (a release marker's: the release delay), and not long after
+    (``timestamp_ms``: the record's broker timestamp; None skips)."""
     if timestamp_ms is None or timestamp_ms <= 0:
         return
-    appended, end = timestamp_ms / 1000, (tick + 1) * interval
-    if end > appended + MARKER_CLOCK_SKEW_SECONDS:
-        raise BadRecord("tick marker from the future")
-    if appended - end > max(MARKER_MAX_AGE_SECONDS, 10 * interval):
-        raise BadRecord("tick marker too old")
+    appended, due = timestamp_ms / 1000, (tick + 1) * interval + delay
+    if due > appended + MARKER_CLOCK_SKEW_SECONDS:
+        raise BadRecord(f"{what} from the future")
+    if appended - due > max(MARKER_MAX_AGE_SECONDS, 10 * interval):
+        raise BadRecord(f"{what} too old")
 
 
-def decode_tick(value: bytes) -> int:
+def decode_tick(value: bytes, what: str = "tick marker") -> int:
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError:
-        raise BadRecord("malformed tick marker") from None
+        raise BadRecord(f"malformed {what}") from None
     tick = obj.get("tick") if isinstance(obj, dict) else None
     if isinstance(tick, bool) or not isinstance(tick, int) or tick < 0:
-        raise BadRecord("malformed tick marker")
+        raise BadRecord(f"malformed {what}")
     return tick
 
 

@@ -47,8 +47,10 @@ def replay(
 
     The worker's drivers (``drivers.py``) over the log: line numbers are the offsets,
     every partition sees every marker, and each line's events go to their users'
-    partitions, as the ingest routes them. The statistics' runs are ``runs``, else the
-    log header's (``export.py``), else ``OFFLINE_RUN``'s."""
+    partitions, as the ingest routes them. Each marker's release marker follows its
+    reports: when a tick is released changes when it is published, never what it holds.
+    The statistics' runs are ``runs``, else the log header's (``export.py``), else
+    ``OFFLINE_RUN``'s."""
     lines = iter(lines)
     first = next(lines, b"")
     header = _header(first)
@@ -82,8 +84,12 @@ def replay(
                 if p == 0 and rejected is not None:
                     rejected.extend((lineno, index or 0, reason) for index, reason in bad)
                 for report in reports:
-                    yield from driver2.on_report(sstates[report.statistic], report, sent)[0]
+                    driver2.on_report(sstates[report.statistic], report, sent)
                     sent += 1
+            if not bad:  # the marker's release marker: what it closed, at its deadline
+                tick = obj["tick"]
+                for sstate in sstates.values():
+                    yield from driver2.on_release(sstate, tick)[0]
             continue
         dead: list[Rejected]
         try:

@@ -76,7 +76,7 @@ noise under it is not the pipeline's (docs/security.md)."""
 class Stage2State:
     """One statistic's tick barrier and mechanism state.
 
-    A plain mutable dataclass, not a frozen one: one report changes up to six of its
+    A plain mutable dataclass, not a frozen one: one report changes up to eight of its
     fields, tick after tick of the ticks it closes, and the drivers (the worker, replay)
     hand stage 2 one state that it advances in place. A frozen state would copy its four
     maps on every report for no safety gained: the worker stores the state (its JSON) only
@@ -102,6 +102,11 @@ class Stage2State:
     born: dict[int, int] = field(default_factory=dict)
     """Stage-1 partition -> the tick its stage-1 state began (``Report.born``): another
     value means that state was lost and begun again, every user's bound with it."""
+    held_releases: list[dict[str, Any]] = field(default_factory=list)
+    """Releases of closed ticks, in closing order, held until a release marker of their
+    tick or later publishes them (at its deadline)."""
+    held_ledger: list[dict[str, Any]] = field(default_factory=list)
+    """Ledger entries of closed ticks, held like ``held_releases``."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -112,6 +117,7 @@ class Stage2State:
             "tree": self.tree,
             "identity": None if self.identity is None else self.identity.to_json(),
             "offsets": _string_keys(self.offsets),
+            "held": {"releases": self.held_releases, "ledger": self.held_ledger},
         }
         if self.exhausted is not None:  # written only once it happened
             out["exhausted"] = self.exhausted
@@ -121,6 +127,7 @@ class Stage2State:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Stage2State:
         identity = data["identity"]
+        held = data["held"]
         return cls(
             reported=_int_keys(data["reported"]),
             first=_int_keys(data["first"]),
@@ -131,6 +138,8 @@ class Stage2State:
             offsets=_int_keys(data["offsets"]),
             exhausted=data.get("exhausted"),
             born=_int_keys(data["born"]),
+            held_releases=held["releases"],
+            held_ledger=held["ledger"],
         )
 
     def clear(self) -> None:

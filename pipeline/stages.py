@@ -2,10 +2,11 @@
 
 Stage 1 (keyed by user, one state per events-topic partition): bounds each user's
 contribution per statistic and pre-aggregates it per tick. Stage 2 (keyed by statistic):
-waits until every stage-1 partition has reported tick t, then steps the statistic once
-and releases. Each statistic is a ``statistic.Statistic`` built by the registry of kinds
-(``kinds.py``); this module calls only the contract, never a kind. All DP math lives in
-``operators``; this module only routes numbers.
+waits until every stage-1 partition has reported tick t, then steps the statistic once;
+its releases are published at tick t's deadline (``drivers.Stage2Driver``). Each
+statistic is a ``statistic.Statistic`` built by the registry of kinds (``kinds.py``);
+this module calls only the contract, never a kind. All DP math lives in ``operators``;
+this module only routes numbers.
 
 Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_state.py``
 (``PartitionState``, ``UserEntry``); stage 2's is a ``Stage2State``, stored as its JSON.
@@ -14,8 +15,10 @@ Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,7 @@ from .kinds import identity_parameters, statistic_for
 from .records import Batch, Event, partition_for
 from .stage1_state import PartitionState, UserEntry
 from .stage2_state import OFFLINE_RUN, Stage2State, StatisticIdentity, StatisticRun
-from .statistic import Report, Statistic, Users
+from .statistic import PerUserStatistic, Report, Statistic
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ class Stage1:
         self._columns = UnitColumns([s for s in self._stats if s.columnar])
         self._per_user = [s for s in self._stats if not s.columnar]
         self._user_stats = [s for s in stats if s.counting is None]
+        self._partitions = cfg.input.partitions
+        self._indexes: dict[int, _ScanIndex] = {}  # per stage-1 partition
 
     def add_events(
         self,
@@ -118,6 +123,7 @@ class Stage1:
             columns.add_pending(pending, before, units)
         per_user = self._per_user or self._user_stats
         events_of = self._events_by_user(batch, rows) if per_user else None
+        index = self._index(pstate, users, partition) if self._user_stats else None
         changed = columns.changed(before + units, units)
         writes: list[tuple[str, UserEntry]] = []
         for i, (user_id, entry, count) in enumerate(zip(user_ids, stored, counts, strict=True)):
@@ -131,7 +137,9 @@ class Stage1:
             used = changed[i] if entry is None else entry["used"] | changed[i]
             new: UserEntry = {"used": used, "offset": offset}
             if events_of is not None:
-                self._add_per_user(pstate, entry, new, events_of[i], partition, in_pending)
+                self._add_per_user(
+                    pstate, entry, new, events_of[i], partition, in_pending, user_id, index
+                )
             writes.append((user_id, new))
         users.update(writes)  # each user once: the record's writes at once
 
@@ -165,8 +173,11 @@ class Stage1:
         events: list[Event],
         partition: int,
         in_pending: bool,
+        user_id: str,
+        index: _ScanIndex | None,
     ) -> None:
-        """The kinds counted per user, for one user's events of a record."""
+        """The kinds counted per user, for one user's events of a record (``index``: the
+        partition's scan index, when a statistic has per-user state)."""
         kept_now: dict[str, dict[str, int]] = {}
         for stat in self._per_user:
             stat.add(events, entry["used"], kept_now)
@@ -175,8 +186,9 @@ class Stage1:
                 add_weights(pstate["pending"].setdefault(name, {}), weights)
         if kept_now:
             entry["kept"] = kept_now
-        if self._user_stats:
+        if index is not None:
             self._apply_user_stats(pstate, stored, entry, events, partition, in_pending)
+            index.update(self._user_stats, pstate["stats"], user_id, entry["state"])
 
     @staticmethod
     def _events_by_user(batch: Batch, rows: np.ndarray) -> list[list[Event]]:
@@ -224,12 +236,13 @@ class Stage1:
         pstate: PartitionState,
         partition: int,
         tick: int,
-        users: Callable[[], Iterable[tuple[str, UserEntry]]] = tuple,
+        users: Mapping[str, UserEntry] | None = None,
     ) -> list[Report]:
         """Handle tick marker ``tick``; a duplicate or stale marker yields nothing.
 
-        ``users`` returns the (user id, entry) pairs of this partition's users; it is
-        called only by a statistic with per-user state that needs them (a median, a cell's close).
+        ``users``: the user entries (a worker's table holds every partition it owns); a
+        statistic with per-user state scans those of the partition's users its index
+        holds, and only when it needs them (a median, a cell's close).
         """
         last = pstate["last_tick"]
         if last is not None and tick <= last:
@@ -241,37 +254,107 @@ class Stage1:
             Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}), born=born)
             for stat in self._stats
         ]
-        slots: dict[str, Any] = pstate.setdefault("stats", {}) if self._user_stats else {}
-        for stat in self._user_stats:
-            slots[stat.name], payload = stat.close_tick(
-                slots.get(stat.name), partition, from_tick, tick, _states_of(stat.name, users)
-            )
-            reports.append(Report(stat.name, partition, from_tick, tick, {}, payload, born))
+        if self._user_stats:
+            entries: Mapping[str, UserEntry] = {} if users is None else users
+            index = self._index(pstate, entries, partition)
+            slots: dict[str, Any] = pstate.setdefault("stats", {})
+            for stat in self._user_stats:
+                scan = _Scan(stat.name, entries, index.users[stat.name])
+                slots[stat.name], payload = stat.close_tick(
+                    slots.get(stat.name), partition, from_tick, tick, scan
+                )
+                if scan.done:  # what the close sent, no later close needs: out
+                    index.prune(stat, slots[stat.name], entries)
+                reports.append(Report(stat.name, partition, from_tick, tick, {}, payload, born))
         pstate["pending"] = {}
         pstate["last_tick"] = tick
         return reports
 
+    def _index(
+        self, pstate: PartitionState, users: Mapping[str, UserEntry], partition: int
+    ) -> _ScanIndex:
+        """The partition's scan index, built from ``users`` when there is none for this
+        partition state: a recovered or re-assigned partition's state is a new object
+        (Faust's recovery decodes the changelog into new dicts), the one after a crash in
+        a test too."""
+        index = self._indexes.get(partition)
+        if index is None or index.pstate is not pstate:
+            index = _ScanIndex(pstate, {stat.name: {} for stat in self._user_stats})
+            slots = pstate.get("stats", {})
+            for user_id, entry in users.items():
+                states = entry.get("state")
+                if states and partition_for(user_id, self._partitions) == partition:
+                    index.update(self._user_stats, slots, user_id, states)
+            self._indexes[partition] = index
+        return index
 
-def users_of_partition(
-    users: Mapping[str, UserEntry], partition: int, partitions: int
-) -> Callable[[], Iterable[tuple[str, UserEntry]]]:
-    """For ``Stage1.close_tick``: the entries in ``users`` of the partition's users (a
-    worker's table holds every partition it owns)."""
-    return lambda: (
-        (user_id, entry)
-        for user_id, entry in users.items()
-        if partition_for(user_id, partitions) == partition
-    )
+
+@dataclass(slots=True)
+class _ScanIndex:
+    """The users a tick close of one stage-1 partition scans, per statistic with per-user
+    state: user id -> place in the scan (``PerUserStatistic.scan_order``).
+
+    A close used to walk every user entry the worker held, so the time from a marker to
+    its report grew with the users held, a data-dependent time before a release
+    (docs/design.md section 1 has the measurements). The index holds only the users a close may
+    need (a cell mean's: those with data no close has sent; a continual mean's: the
+    admitted, in rank order). It lives in memory, kept by ``add_events`` and
+    ``close_tick``, and is built once from the table per partition state object, so it
+    adds no changelog bytes; being a superset is safe (a close reads each user's state),
+    missing a user is not, hence the rebuild whenever the state may have come from
+    elsewhere."""
+
+    pstate: PartitionState
+    """The partition state object it was built with and kept along."""
+    users: dict[str, dict[str, int]]
+    """Statistic -> user id -> scan order."""
+
+    def update(
+        self,
+        stats: list[PerUserStatistic],
+        slots: Mapping[str, Any],
+        user_id: str,
+        states: Mapping[str, Any],
+    ) -> None:
+        """File or drop the user, per statistic it has a state of."""
+        for stat in stats:
+            state = states.get(stat.name)
+            if state is None:
+                continue
+            order = stat.scan_order(slots.get(stat.name), state)
+            if order is None:
+                self.users[stat.name].pop(user_id, None)
+            else:
+                self.users[stat.name][user_id] = order
+
+    def prune(self, stat: PerUserStatistic, slot: Any, users: Mapping[str, UserEntry]) -> None:
+        """After a close that scanned ``stat``'s users: drop those it is done with."""
+        indexed = self.users[stat.name]
+        for user_id in list(indexed):
+            entry = users.get(user_id)
+            state = None if entry is None else entry.get("state", {}).get(stat.name)
+            if state is None or stat.scan_order(slot, state) is None:
+                del indexed[user_id]
 
 
-def _states_of(name: str, users: Callable[[], Iterable[tuple[str, UserEntry]]]) -> Users:
-    def states() -> Iterable[tuple[str, Any]]:
-        for user_id, entry in users():
-            state = entry.get("state", {}).get(name)
+class _Scan:
+    """``Users`` of one statistic for one close: the indexed users' states in scan order
+    (``done`` once it was called)."""
+
+    def __init__(self, name: str, users: Mapping[str, UserEntry], indexed: dict[str, int]) -> None:
+        self._name, self._users, self._indexed = name, users, indexed
+        self.done = False
+
+    def __call__(self) -> Iterator[tuple[str, Any]]:
+        self.done = True
+        return self._states()
+
+    def _states(self) -> Iterator[tuple[str, Any]]:
+        for user_id, _ in sorted(self._indexed.items(), key=itemgetter(1)):
+            entry = self._users.get(user_id)
+            state = None if entry is None else entry.get("state", {}).get(self._name)
             if state is not None:
                 yield user_id, state
-
-    return states
 
 
 class Stage2:

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 
 COMPACTED = {"cleanup.policy": "compact"}
+TIMESTAMP_TYPE = "message.timestamp.type"
 
 # The Faust tables of pipeline/app.py; Faust names their changelogs <app_id>-<table>-changelog.
 TABLES = ("stage1", "stage2")
@@ -36,6 +37,19 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
     plan[cfg.outputs.dead_letter_topic] = 1
     plan[cfg.outputs.ledger_topic] = 1
     return plan
+
+
+def timestamp_types(cfg: PipelineConfig) -> dict[str, str]:
+    """The timestamps dpstream's topics must keep. The broker stamps the events and
+    stage-2 topics (LogAppendTime), so a tick or release marker cannot claim another time
+    (records.check_marker_time); the release and ledger topics keep the one dpstream sets
+    (CreateTime): the release deadline, which a broker's append time would replace with
+    one that depends on when stage 2 got there."""
+    out = dict.fromkeys((cfg.events_topic, cfg.stage2_topic), "LogAppendTime")
+    for stat in cfg.statistics:
+        out[cfg.release_topic(stat.name)] = "CreateTime"
+    out[cfg.outputs.ledger_topic] = "CreateTime"
+    return out
 
 
 def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminClient:
@@ -78,11 +92,14 @@ def ensure_topics(
             )
     if cfg.outputs.ledger_topic in existing:
         check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
+    _check_timestamps(client, cfg, existing, timeout)
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
-    # The broker stamps the events topic's records, so a tick marker's time cannot be
-    # forged (records.check_marker_time).
-    configs[cfg.events_topic] = {"message.timestamp.type": "LogAppendTime"}
-    configs[cfg.outputs.ledger_topic] = LEDGER_CONFIG
+    for name, kind in timestamp_types(cfg).items():
+        configs[name] = {TIMESTAMP_TYPE: kind}
+    configs[cfg.outputs.ledger_topic] = {
+        **configs.get(cfg.outputs.ledger_topic, {}),
+        **LEDGER_CONFIG,
+    }
     plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
     wanted = set(plan) if only is None else set(only)
     missing = [
@@ -123,4 +140,26 @@ def check_ledger_topic(client: AdminClient, topic: str, timeout: float = 30.0) -
                 f"outputs.ledger_topic: topic {topic!r} has {name}={value}: the ledger would "
                 f"forget what users have lost; set {name}=-1 (kafka-configs --alter "
                 f"--entity-type topics --entity-name {topic} --add-config {name}=-1)"
+            )
+
+
+def _check_timestamps(
+    client: AdminClient, cfg: PipelineConfig, existing: dict, timeout: float
+) -> None:
+    """Stop with a ConfigError naming the topic and the setting when one of dpstream's
+    existing topics keeps other timestamps than ``timestamp_types`` says (one created by
+    an older dpstream, or by hand): changing it is the operator's call."""
+    wanted = {name: kind for name, kind in timestamp_types(cfg).items() if name in existing}
+    if not wanted:
+        return
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in wanted]
+    for resource, future in client.describe_configs(resources, request_timeout=timeout).items():
+        have = future.result()[TIMESTAMP_TYPE].value
+        need = wanted[resource.name]
+        if have != need:
+            raise ConfigError(
+                f"topic {resource.name!r} has {TIMESTAMP_TYPE}={have}; dpstream needs {need} "
+                "there (docs/design.md section 1): set it with kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {resource.name} --add-config "
+                f"{TIMESTAMP_TYPE}={need}"
             )

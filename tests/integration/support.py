@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -133,10 +134,13 @@ def pipeline_config(noise: dict) -> dict:
 
 
 class TopicReader:
-    """Reads a single-partition topic from its start, keeping every record in order."""
+    """Reads a single-partition topic from its start, keeping every record in order, with
+    its Kafka timestamp (ms) and when this reader received it (``time.time()``)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.records: list[bytes] = []
+        self.timestamps: list[int] = []
+        self.seen: list[float] = []
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -146,14 +150,39 @@ class TopicReader:
             }
         )
         self._consumer.assign([TopicPartition(topic, 0, 0)])
+        self._following: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _poll(self, timeout: float) -> bool:
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return False
+        if not msg.error():
+            self.seen.append(time.time())
+            self.timestamps.append(msg.timestamp()[1])
+            self.records.append(msg.value())  # last: a record read has its time
+        return True
 
     def drain(self) -> list[dict]:
-        while (msg := self._consumer.poll(0.2)) is not None:
-            if not msg.error():
-                self.records.append(msg.value())
-        return [orjson.loads(r) for r in self.records]
+        if self._following is None:
+            while self._poll(0.2):
+                pass
+        return [orjson.loads(r) for r in self.records[:]]
+
+    def follow(self) -> None:
+        """Read in a thread of its own until ``close``: ``seen`` is then when each record
+        reached the consumer, not when a test got round to polling."""
+        self._following = threading.Thread(target=self._follow, daemon=True)
+        self._following.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            self._poll(0.05)
 
     def close(self) -> None:
+        if self._following is not None:
+            self._stop.set()
+            self._following.join()
         self._consumer.close()
 
 

@@ -22,7 +22,7 @@ from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.records import BadRecord, Event, decode_events, event_json, partition_for
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stage1_state import new_partition_state
-from dpstream.pipeline.stages import Stage1, Stage2, users_of_partition
+from dpstream.pipeline.stages import Stage1, Stage2
 from dpstream.pipeline.worker_support import limits_for
 
 U = 100
@@ -81,9 +81,7 @@ def run(cfg_data: dict, lines: list[bytes]) -> tuple[list[dict], list[dict], lis
         obj = orjson.loads(line)
         if "tick" in obj:
             for p, pstate in enumerate(pstates):
-                for report in stage1.close_tick(
-                    pstate, p, obj["tick"], users_of_partition(users, p, parts)
-                ):
+                for report in stage1.close_tick(pstate, p, obj["tick"], users):
                     out, entries = stage2.on_report(sstates[report.statistic], report)
                     again += out
                     ledger += entries
@@ -262,9 +260,7 @@ def test_strict_mode_doubles_the_sum_noise_under_any_subset(neighbours, factor):
     for offset, line in enumerate(lines):
         obj = orjson.loads(line)
         if "tick" in obj:
-            for report in stage1.close_tick(
-                pstate, 0, obj["tick"], users_of_partition(users, 0, 1)
-            ):
+            for report in stage1.close_tick(pstate, 0, obj["tick"], users):
                 releases += stage2.on_report(sstate, report)[0]
             continue
         stage1.add_events(pstate, users, decode_events(line, None, limits_for(cfg))[0], offset, 0)
@@ -436,9 +432,7 @@ def test_slots_follow_the_marker_after_the_event_across_a_gap():
         for item in script[p]:
             offsets[p] += 1
             if isinstance(item, int):
-                for report in stage1.close_tick(
-                    pstates[p], p, item, users_of_partition(users, p, 2)
-                ):
+                for report in stage1.close_tick(pstates[p], p, item, users):
                     releases += stage2.on_report(sstate, report)[0]
             else:
                 event = Event(item[1], None, float(item[2]), cells=(("cell", "A"),))
@@ -496,7 +490,7 @@ def test_stage1_is_idempotent_for_cells_whichever_write_a_crash_lost():
         -1,
         {"X": [3, 35, [5, 10, 20]], "Y": [1, 40, [40]]},
     ]
-    reports = stage1.close_tick(full_pstate, 0, 1, lambda: full_users.items())
+    reports = stage1.close_tick(full_pstate, 0, 1, full_users)
     (report,) = reports
     slot = {"X": {"a": [3, 35, [5, 10, 20]]}, "Y": {"a": [1, 40, [40]], "b": [1, 30, [30]]}}
     assert report.payload == {"slots": {"0": slot}}

@@ -36,6 +36,7 @@ def test_check_config_accepts_the_demo_and_prints_the_budget():
     demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
     out = run("check-config", str(demo))
     assert out.returncode == 0, out.stderr
+    assert "tick 1s (released 1.25s after its end)" in out.stdout
     assert "privacy statement (whole_user neighbours):" in out.stdout
     assert "events: 1 (whole_user; tree counter, whole infinite stream)" in out.stdout
     assert (
