@@ -162,9 +162,11 @@ def read_range(
 
 def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
     """dpstream's events topic as a replay log (see ``replay.py``): the events stage 1
-    counts (each source event once, ``Stage1Driver.unseen``), grouped into the ticks that
-    closed in every partition, each tick ended by a marker."""
+    counts (each source event once, and only those its own rules admit:
+    ``Stage1Driver.admitted``), grouped into the ticks that closed in every partition,
+    each tick ended by a marker."""
     partitions = cfg.input.partitions
+    driver = Stage1Driver(cfg)
     per_partition = read_topic(bootstrap, cfg.events_topic, partitions, security=cfg.kafka)
     ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> counted events
     firsts: list[int] = []
@@ -187,7 +189,7 @@ def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
                     first = tick if first is None else first
                     last = tick
                 elif kind == ENVELOPE:
-                    events = Stage1Driver.unseen(positions, decode_envelope(value))
+                    events, _ = driver.admitted(positions, decode_envelope(value), p)
                     buffered += [event_json(e) for e in events]
             except BadRecord:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -51,17 +52,40 @@ def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) ->
     client = admin(bootstrap, cfg.kafka)
     existing = client.list_topics(timeout=timeout).topics
     plan = topic_plan(cfg)
-    for name in (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)):
+    _check_partitions(existing, (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)), plan)
+    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
+    _create_missing(client, cfg, existing, plan, timeout)
+
+
+def ensure_ingest_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
+    """What a stand-alone ``dpstream ingest`` checks at start: the events topic has
+    ``input.partitions`` partitions (else a ConfigError naming the field: its envelopes
+    would go to partitions whose stage 1 does not own their users). The topics it writes,
+    the events and dead-letter topics, are created as the worker creates them when they
+    do not exist yet; no other."""
+    client = admin(bootstrap, cfg.kafka)
+    existing = client.list_topics(timeout=timeout).topics
+    plan = {cfg.events_topic: cfg.input.partitions, cfg.outputs.dead_letter_topic: 1}
+    _check_partitions(existing, (cfg.events_topic,), plan)
+    _create_missing(client, cfg, existing, plan, timeout)
+
+
+def _check_partitions(existing: dict, names: Iterable[str], plan: dict[str, int]) -> None:
+    for name in names:
         if name in existing and len(existing[name].partitions) != plan[name]:
             raise ConfigError(
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
+
+
+def _create_missing(
+    client: AdminClient, cfg: PipelineConfig, existing: dict, plan: dict[str, int], timeout: float
+) -> None:
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
     # The broker stamps the events topic's records, so a tick marker's time cannot be
     # forged (records.check_marker_time).
     configs[cfg.events_topic] = {"message.timestamp.type": "LogAppendTime"}
-    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
     missing = [
         NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
     ]

@@ -114,7 +114,8 @@ def test_the_numpy_batch_path_is_the_event_at_a_time_definition(records, tick_ev
     slow = new_partition_state(), {}
     for offset, events in enumerate(records):
         if offset % 3 == 1:  # through the events topic's wire form
-            raw = encode_envelope("s/0", list(range(len(events))), [0] * len(events), events)
+            positions = list(range(len(events)))
+            raw = encode_envelope("s/0", positions, [0] * len(events), events, rules="r")
             batch = decode_envelope(raw).batch
         elif offset % 3 == 2:  # the tail of a re-sent envelope (``unseen``)
             batch = Batch.of([*reversed(events), Event("gone", None, 1.0), *events]).tail(
