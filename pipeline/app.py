@@ -261,6 +261,8 @@ def create_app(
         partition: int, offset: int, value: bytes, in_gap: bool = False
     ) -> None:
         report = Report.from_json(orjson.loads(value))
+        if not driver2.configured(report):
+            return  # a statistic removed from the configuration: skipped, never stored
         state = stored_stage2_state(report.statistic) or Stage2.new_state()
         start = None if in_gap else driver2.missing_reports(state, report)
         if start is not None:

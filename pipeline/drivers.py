@@ -5,7 +5,8 @@ store the states once the broker has acknowledged it; ``replay.py`` calls the sa
 over a log. Neither decides anything the drivers decide: which marker is a re-delivery,
 which bad event is dead-lettered (once), which events of an envelope this stage 1's own
 rules refuse, where a consumer skipped records, what a report closes, which of the
-ingest's events were counted before. No Kafka here.
+ingest's events were counted before, which reports name a statistic no longer
+configured. No Kafka here.
 """
 
 from __future__ import annotations
@@ -229,6 +230,25 @@ class Stage2Driver:
 
     def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
         self.stage2 = Stage2(cfg, noise, partitions)
+        self._configured = frozenset(s.name for s in cfg.statistics)
+        self._unknown: set[str] = set()  # statistics whose reports were skipped (logged once)
+
+    def configured(self, report: Report) -> bool:
+        """Whether ``report``'s statistic is in this configuration. One that is not (removed
+        in a rolling change: a stage 1 under the old configuration still reports it) is
+        skipped, with a warning once per name: it releases nothing more, and the ledger
+        keeps its spend charged as retired (``ledger.checked_statement``)."""
+        name = report.statistic
+        if name in self._configured:
+            return True
+        if name not in self._unknown:
+            self._unknown.add(name)
+            log.warning(
+                "stage 2: skipping reports of statistic %s, which this configuration does "
+                "not have (its spend stays charged as retired)",
+                name,
+            )
+        return False
 
     @staticmethod
     def missing_reports(state: Stage2State, report: Report) -> int | None:
@@ -251,7 +271,10 @@ class Stage2Driver:
     def on_report(
         self, state: Stage2State, report: Report, offset: int
     ) -> tuple[list[dict], list[dict]]:
-        """(releases, ledger entries) of every tick report ``offset`` closes."""
+        """(releases, ledger entries) of every tick report ``offset`` closes; none for a
+        report of a statistic not configured (``configured``)."""
+        if not self.configured(report):
+            return [], []
         last = state.reported.get(report.partition)
         out = self.stage2.on_report(state, report)
         if last is None or report.tick > last:  # absorbed, not a re-delivered copy

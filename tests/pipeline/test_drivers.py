@@ -238,3 +238,24 @@ def test_stage2_releases_the_same_whatever_its_consumer_skips():
         )
         # A hole at the end is read when the next report comes: a prefix of the releases.
         assert got == expected[: len(got)], (log, delivered)
+
+
+def test_a_report_of_a_removed_statistic_is_skipped_and_logged_once(caplog):
+    """A rolling change removed statistic ``gone``: a stage 1 still under the old
+    configuration reports it. Stage 2 raised KeyError (exit 70), and read the same report
+    again on restart: a crash loop. It skips such reports now, with one warning."""
+    driver, sstate = Stage2Driver(CFG, ZeroNoise(), 2), Stage2.new_state()
+    for tick in (4, 5):
+        report = Report("gone", 0, tick, tick, {"w": 1})
+        assert not driver.configured(report)
+        assert driver.on_report(sstate, report, tick) == ([], [])
+    assert sstate == Stage2.new_state()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "stage 2: skipping reports of statistic gone, which this configuration does not "
+        "have (its spend stays charged as retired)"
+    ]
+    # The configured statistic goes on as before.
+    for partition in (0, 1):
+        releases, _ = driver.on_report(sstate, Report("events", partition, 4, 4, {"w": 1}), 9)
+    assert [r["value"] for r in releases] == [2]
