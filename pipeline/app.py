@@ -23,7 +23,7 @@ from dpstream.config.schema import PipelineConfig
 from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range
-from .drivers import Stage1Driver, Stage2Driver
+from .drivers import Refused, Stage1Driver, Stage2Driver
 from .exits import exit_now
 from .ingest import IngestHandle
 from .kafka_security import faust_credentials
@@ -180,6 +180,12 @@ def create_app(
             value=dead_letter(reason, topic, partition, offset, value, index)
         )
 
+    async def refuse(refused: Refused) -> Awaitable:
+        # An event stage 1's own rules refused: named by its source position, as the
+        # ingest's dead letters are, with the event itself (it can be sent again).
+        rejected[refused.reason] += 1
+        return await dead_letter_topic.send(value=refused.dead_letter())
+
     async def acknowledged(sent: list[Awaitable]) -> None:
         # Faust's send() only enqueues. State that says "sent" (a closed tick, a record
         # applied) is written after the broker has acknowledged every output, so a crash in
@@ -231,6 +237,7 @@ def create_app(
         entries = stage1_table.for_partition(partition)
         users = stage1_table.for_partition(partition, "u:")
         sent: list[Awaitable] = []
+        refused: list[Refused] = []
         kind = header_kind(headers)
         if kind == TICK:
             if driver1.is_redelivered(pstate, offset):
@@ -249,12 +256,14 @@ def create_app(
             if stage1_table.full:
                 await stage1_table.flush()
                 pstate = stage1_table.get(pkey) or pstate
-            rejected = driver1.on_envelope(pstate, users, partition, offset, value)
+            rejected, refused = driver1.on_envelope(pstate, users, partition, offset, value)
         else:  # only the ingest and the clock write this topic
             fresh = not driver1.is_redelivered(pstate, offset)
             rejected = [(None, "not a dpstream envelope or tick marker")] if fresh else []
         for index, reason in rejected:
             sent.append(await reject(reason, partition, offset, value, index))
+        for event in refused:
+            sent.append(await refuse(event))
         await acknowledged(sent)
         driver1.done(pstate, offset)
         entries[pkey] = pstate
@@ -290,6 +299,8 @@ def create_app(
         partition: int, offset: int, value: bytes, in_gap: bool = False
     ) -> None:
         report = Report.from_json(orjson.loads(value))
+        if not driver2.configured(report):
+            return  # a statistic removed from the configuration: skipped, never stored
         state = stored_stage2_state(report.statistic) or Stage2.new_state()
         start = None if in_gap else driver2.missing_reports(state, report)
         if start is not None:

@@ -120,12 +120,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     import threading
 
     from .ingest import run_ingest
+    from .topics import ensure_ingest_topics
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
+    cfg, bootstrap = load_config(args.config), resolve_bootstrap(args.bootstrap)
+    # An ingest configured for another partition count would route users to partitions
+    # whose stage 1 does not own them: refused here, before it reads anything.
+    ensure_ingest_topics(cfg, bootstrap)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    run_ingest(load_config(args.config), resolve_bootstrap(args.bootstrap), stop)
+    run_ingest(cfg, bootstrap, stop)
     return 0
 
 

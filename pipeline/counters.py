@@ -136,6 +136,7 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
             stat.kind,
             truncation.make_truncation(stat.fixed_tau),
             stat.deletions,
+            max_value=_value_bound(stat),
         ),
     )
     mechanism, k = stat.mechanism, stat.k
@@ -174,6 +175,11 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
             privacy_loss=lambda d: expiring_tree.privacy_loss(expiring, d),
         )
     raise ValueError(f"unknown mechanism {mechanism!r}")  # the config schema rules this out
+
+
+def _value_bound(stat: StatisticConfig) -> int | None:
+    """R of a kind whose values are integers in [1, R] (``max_value`` or ``bins``)."""
+    return stat.max_value if stat.max_value is not None else stat.bins
 
 
 def _required(value: Param | None, name: str, needed_by: str) -> Param:
@@ -240,7 +246,9 @@ class UserLevelCounter(WeightsStage2):
     @property
     def counting(self) -> UnitCounting:
         stat = self.stat
-        return UnitCounting(stat.name, stat.key, stat.kind, None, stat.deletions)
+        return UnitCounting(
+            stat.name, stat.key, stat.kind, None, stat.deletions, max_value=_value_bound(stat)
+        )
 
     def step(self, state: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         """Advance one tick: the release and, when the tracker or instance series spent

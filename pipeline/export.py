@@ -41,10 +41,10 @@ def export_log(
 ) -> Iterator[bytes]:
     """dpstream's events topic as a replay log (see ``replay.py``): a header with the
     statistics' runs as the ledger states them, the events stage 1 counts (each source
-    event once, ``Stage1Driver.unseen``), grouped into the ticks that closed in every
-    partition, each tick ended by a marker, and, with the pipeline's ``key``, a trailer
-    with the log's MAC (``dpstream replay`` refuses a keyed replay of a log without
-    one: docs/security.md)."""
+    event once, and only those its own rules admit: ``Stage1Driver.admitted``), grouped
+    into the ticks that closed in every partition, each tick ended by a marker, and,
+    with the pipeline's ``key``, a trailer with the log's MAC (``dpstream replay``
+    refuses a keyed replay of a log without one: docs/security.md)."""
     mac = key.log_mac() if key is not None else None
     for line in _export_lines(cfg, bootstrap, log_header(cfg, bootstrap, key)):
         if mac is not None:
@@ -57,6 +57,7 @@ def export_log(
 def _export_lines(cfg: PipelineConfig, bootstrap: str, header: dict) -> Iterator[bytes]:
     yield orjson.dumps(header)
     partitions = cfg.input.partitions
+    driver = Stage1Driver(cfg)
     per_partition = read_topic(bootstrap, cfg.events_topic, partitions, security=cfg.kafka)
     ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> counted events
     firsts: list[int] = []
@@ -79,7 +80,7 @@ def _export_lines(cfg: PipelineConfig, bootstrap: str, header: dict) -> Iterator
                     first = tick if first is None else first
                     last = tick
                 elif kind == ENVELOPE:
-                    events = Stage1Driver.unseen(positions, decode_envelope(value))
+                    events, _ = driver.admitted(positions, decode_envelope(value), p)
                     buffered += [event_json(e) for e in events]
             except BadRecord:
                 continue

@@ -156,14 +156,16 @@ class Stage1:
         pending sums lost: the same units (the same record, cut by ``unseen`` against the
         same partition state, the one from before it), before them used - units; any
         other user: none. An entry written before the count and sum kinds were counted
-        in numpy has their weights in ``kept`` (re-added from there)."""
+        in numpy has their weights in ``kept`` (re-added from there). Never below 0:
+        ``used`` bounds what the user contributes from here on."""
         names = {stat.name for stat in self._columns.stats}
         keep = [
             c or (r and e is not None and not names & e.get("kept", {}).keys())
             for c, r, e in zip(counts, readds, stored, strict=True)
         ]
         mask, counting = np.array(keep)[:, None], np.array(counts)[:, None]
-        return np.where(counting, before, before - units), np.where(mask, units, 0)
+        readded = np.maximum(before - units, 0)
+        return np.where(counting, before, readded), np.where(mask, units, 0)
 
     def _add_per_user(
         self,

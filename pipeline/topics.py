@@ -84,15 +84,43 @@ def ensure_topics(
     client = admin(bootstrap, cfg.kafka)
     existing = client.list_topics(timeout=timeout).topics
     plan = topic_plan(cfg)
-    for name in (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)):
+    _check_partitions(existing, (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)), plan)
+    if cfg.outputs.ledger_topic in existing:
+        check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
+    _check_timestamps(client, cfg, existing, timeout)
+    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
+    if only is not None:
+        plan = {name: n for name, n in plan.items() if name in set(only)}
+    return _create_missing(client, cfg, existing, plan, timeout)
+
+
+def ensure_ingest_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
+    """What a stand-alone ``dpstream ingest`` checks at start: the events topic has
+    ``input.partitions`` partitions (else a ConfigError naming the field: its envelopes
+    would go to partitions whose stage 1 does not own their users). The topics it writes,
+    the events and dead-letter topics, are created as the worker creates them when they
+    do not exist yet; no other."""
+    client = admin(bootstrap, cfg.kafka)
+    existing = client.list_topics(timeout=timeout).topics
+    plan = {cfg.events_topic: cfg.input.partitions, cfg.outputs.dead_letter_topic: 1}
+    _check_partitions(existing, (cfg.events_topic,), plan)
+    _create_missing(client, cfg, existing, plan, timeout)
+
+
+def _check_partitions(existing: dict, names: Iterable[str], plan: dict[str, int]) -> None:
+    for name in names:
         if name in existing and len(existing[name].partitions) != plan[name]:
             raise ConfigError(
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
-    if cfg.outputs.ledger_topic in existing:
-        check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
-    _check_timestamps(client, cfg, existing, timeout)
+
+
+def _create_missing(
+    client: AdminClient, cfg: PipelineConfig, existing: dict, plan: dict[str, int], timeout: float
+) -> list[str]:
+    """Create the topics of ``plan`` that do not exist, each with its settings; returns
+    their names."""
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
     for name, kind in timestamp_types(cfg).items():
         configs[name] = {TIMESTAMP_TYPE: kind}
@@ -100,12 +128,8 @@ def ensure_topics(
         **configs.get(cfg.outputs.ledger_topic, {}),
         **LEDGER_CONFIG,
     }
-    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
-    wanted = set(plan) if only is None else set(only)
     missing = [
-        NewTopic(n, p, 1, config=configs.get(n, {}))
-        for n, p in plan.items()
-        if n not in existing and n in wanted
+        NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
     ]
     if not missing:
         return []

@@ -32,22 +32,24 @@ CFG = parse_config(
         "statistics": [{"name": "events", "epsilon": 1.0, "tau": 2}],
     }
 )
+RULES = Stage1Driver(CFG).rules
 ON_0 = next(f"u{i}" for i in range(100) if partition_for(f"u{i}", 2) == 0)
 ON_1 = next(f"u{i}" for i in range(100) if partition_for(f"u{i}", 2) == 1)
+ALSO_ON_0 = next(f"v{i}" for i in range(100) if partition_for(f"v{i}", 2) == 0)
 
 
 def envelope(*users: str, source: str = "src/0", first: int = 0) -> bytes:
     """An ingest envelope of one event per user, at source offsets first, first + 1, ..."""
     events = [Event(u, None, None) for u in users]
     offsets = list(range(first, first + len(users)))
-    return encode_envelope(source, offsets, [0] * len(users), events)
+    return encode_envelope(source, offsets, [0] * len(users), events, rules=RULES)
 
 
 def test_a_redelivered_envelope_counts_once():
     driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
     value = envelope(ON_0, ON_0, ON_0)  # tau 2: the third is truncated
     for _ in range(2):  # the second: after a crash before the offset was committed
-        assert driver.on_envelope(pstate, users, 0, 7, value) == []
+        assert driver.on_envelope(pstate, users, 0, 7, value) == ([], [])
         driver.done(pstate, 7)
     assert pstate["pending"] == {"events": {"w": 2}} and pstate["last_offset"] == 7
 
@@ -61,16 +63,16 @@ def test_an_ingest_resend_counts_once():
     assert pstate["pending"] == {"events": {"w": 2}}  # 10 once, 11 new; 9 was before
     assert pstate["sources"] == {"s/3": [11, 0]}
     # Another source partition's positions are its own.
-    driver.on_envelope(pstate, users, 0, 3, envelope(ON_1, source="s/4", first=0))
+    driver.on_envelope(pstate, users, 0, 3, envelope(ALSO_ON_0, source="s/4", first=0))
     assert pstate["pending"] == {"events": {"w": 3}}
 
 
 def test_what_is_not_an_envelope_is_dead_lettered_once():
     driver, pstate = Stage1Driver(CFG), new_partition_state()
     for value in (b"[1]", b'{"s": "a/0", "o": [2, 1], "u": ["a", "b"]}', b'{"s": 1}'):
-        assert driver.on_envelope(pstate, {}, 0, 4, value) == [(None, "malformed envelope")]
+        assert driver.on_envelope(pstate, {}, 0, 4, value) == ([(None, "malformed envelope")], [])
     driver.done(pstate, 4)
-    assert driver.on_envelope(pstate, {}, 0, 4, b"[1]") == []
+    assert driver.on_envelope(pstate, {}, 0, 4, b"[1]") == ([], [])
 
 
 def test_holes_and_redelivered_markers():
@@ -332,3 +334,25 @@ def test_a_release_marker_publishes_the_statistics_keyed_to_its_partition():
     for stat in cfg.statistics:
         at = faust_partitioner(stat.name.encode(), [0, 1, 2, 3], [0, 1, 2, 3])
         assert [q for q in range(4) if stat.name in driver.statistics_of(q)] == [at]
+
+
+def test_a_report_of_a_removed_statistic_is_skipped_and_logged_once(caplog):
+    """A rolling change removed statistic ``gone``: a stage 1 still under the old
+    configuration reports it. Stage 2 raised KeyError (exit 70), and read the same report
+    again on restart: a crash loop. It skips such reports now, with one warning."""
+    driver, sstate = Stage2Driver(CFG, ZeroNoise(), 2), Stage2.new_state()
+    for tick in (4, 5):
+        report = Report("gone", 0, tick, tick, {"w": 1})
+        assert not driver.configured(report)
+        driver.on_report(sstate, report, tick)
+    assert sstate == Stage2.new_state()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "stage 2: skipping reports of statistic gone, which this configuration does not "
+        "have (its spend stays charged as retired)"
+    ]
+    # The configured statistic goes on as before.
+    for partition in (0, 1):
+        driver.on_report(sstate, Report("events", partition, 4, 4, {"w": 1}), 9)
+    releases, _ = driver.on_release(sstate, 4)
+    assert [r["value"] for r in releases] == [2]
