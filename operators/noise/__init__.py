@@ -2,7 +2,8 @@
 fair bits, the noisy release with its error bar, and real values on a public grid.
 
 * ``discrete_laplace``: node identities, the exact sampler, the keyed, scoped, seeded,
-  zero, recording and caching sources, the variances and the Chernoff error bar.
+  zero, recording and caching sources, the variances and the Chernoff bound.
+* ``exact_quantile``: the exact error bar, the quantile of a sum of discrete Laplace noises.
 * ``bits``: exactly fair bits from the signs of keyed draws (the exponential mechanism's
   and the private median's randomness).
 * ``release``: a release ``exact + sum of keyed node noises`` with its std and interval.
@@ -12,7 +13,7 @@ fair bits, the noisy release with its error bar, and real values on a public gri
 on this one.
 """
 
-from . import bits, discrete_laplace, release, snapping
+from . import bits, discrete_laplace, exact_quantile, release, snapping
 from .bits import BIT_SCALE, MAX_ZERO_RUN, DegenerateNoise, NoiseBits, bernoulli_exp, uniform_below
 from .discrete_laplace import (
     CachedNoise,
@@ -30,6 +31,7 @@ from .discrete_laplace import (
     node_bytes,
     sample_discrete_laplace,
 )
+from .exact_quantile import exact_half_width
 from .release import Term, TreeRelease, interval, noise_std, noisy_release, ratio_bounds
 from .snapping import Grid, clip_to_grid, from_units, make_grid, to_units, unit_sensitivity
 
@@ -56,6 +58,8 @@ __all__ = [
     "clip_to_grid",
     "discrete_laplace",
     "discrete_laplace_variance",
+    "exact_half_width",
+    "exact_quantile",
     "from_units",
     "interval",
     "laplace_variance",

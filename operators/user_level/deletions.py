@@ -40,7 +40,7 @@ from fractions import Fraction
 
 from .. import _validate
 from ..errors import InvalidOperatorConfig
-from ..noise import NoiseSource, TreeRelease, chernoff_interval
+from ..noise import NoiseSource, TreeRelease, exact_half_width
 from . import counter as ul
 
 MECHANISM = "deletions"
@@ -91,7 +91,7 @@ class DeletionsRelease:
     Attributes:
         t: the tick.
         bins: per bin, value = F~_ins - F~_del with the exact std of the difference's
-            noise and a guaranteed 95% half-width (Chernoff over both sides' terms).
+            noise and its exact 95% half-width (the quantile of both sides' terms together).
         inserts: the insertion side's release (tau~, instance, per-bin values).
         deletes: the deletion side's release.
     """
@@ -235,7 +235,7 @@ def step(
         for side_spec, rel in ((spec.inserts, ins), (spec.deletes, dele))
         for _, _, scale in ul.release_nodes(side_spec, t, rel.instance, rel.tau)
     )
-    ci95 = chernoff_interval(scales, 0.05)
+    ci95 = exact_half_width(scales, 0.05)
     bins = tuple(
         TreeRelease(
             t=t,
