@@ -233,7 +233,7 @@ def step(
     scales = tuple(
         scale
         for side_spec, rel in ((spec.inserts, ins), (spec.deletes, dele))
-        for _, _, scale in ul.release_nodes(side_spec, t, rel.instance, rel.tau)
+        for scale in ul.release_scales(side_spec, t, rel.instance, rel.tau)
     )
     ci95 = exact_half_width(scales, 0.05)
     bins = tuple(
