@@ -23,7 +23,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from .. import _validate
-from .discrete_laplace import NodeId, NoiseSource, node_bytes
+from .discrete_laplace import NodeId, node_bytes
+from .sources import NoiseSource
 
 BIT_SCALE = Fraction(1 << 16)
 """Scale of the discrete Laplace draws whose signs are the bits (P(draw = 0) ~ 2^-17)."""

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .discrete_laplace import NodeId, NoiseSource, discrete_laplace_variance
+from .discrete_laplace import NodeId, discrete_laplace_variance
 from .exact_quantile import exact_half_width
+from .sources import NoiseSource
 
 # (node identity, discrete Laplace scale, sign +1 or -1)
 Term = tuple[NodeId, Fraction, int]
