@@ -672,7 +672,7 @@ def _delta_function(
         per_bin = ul.noise_u(taus[0], t, spec.epsilon, spec.beta / spec.R, spec.theta)
         return lambda r: math.sqrt(spec.domain - r + 1) * per_bin
     level_scales = [
-        tuple(scale for _, _, scale in ul.release_nodes(level_spec, t, s.instance, s.tau))
+        tuple(ul.release_scales(level_spec, t, s.instance, s.tau))
         for level_spec, s in zip(spec.levels, states, strict=True)
     ]
     return chernoff_margin(level_scales, spec.domain, spec.dyadic, float(spec.beta) / spec.R)
