@@ -1,4 +1,5 @@
-"""The ingest stage: the users' source topics -> dpstream's events topic, by user.
+"""The ingest stage's Kafka side: the users' source topics -> dpstream's events topic, by
+user (its per-record work is ``route.py``).
 
 The source topics are someone else's: the ingest reads them in a consumer group
 (``<app_id>-ingest``) with confluent-kafka, needs only Read and Describe on them, and

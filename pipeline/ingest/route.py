@@ -1,4 +1,7 @@
-"""route"""
+"""The ingest's per-record work, free of Kafka: validate the source records' events,
+dead-letter the bad ones, group the good ones by (source partition, events partition) in
+source order and encode them as envelopes (``route``); and keep a read that spans a
+rebalance in source order (``from_last_restart``)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
-"""The two stages' bookkeeping, free of Kafka so the worker and ``dpstream replay`` share it.
+"""Stage 1's bookkeeping, free of Kafka so the worker and ``dpstream replay`` share it.
 
-Stage 1 (keyed by user, one state per events-topic partition): bounds each user's
-contribution per statistic and pre-aggregates it per tick. Stage 2 (keyed by statistic):
-waits until every stage-1 partition has reported tick t, then steps the statistic once;
-its releases are published at tick t's deadline (``drivers.Stage2Driver``). Each
-statistic is a ``statistic.Statistic`` built by the registry of kinds (``kinds.py``);
-this module calls only the contract, never a kind. All DP math lives in ``operators``;
-this module only routes numbers.
+Stage 1 (keyed by user, one state per events-topic partition) bounds each user's
+contribution per statistic and pre-aggregates it per tick; at a tick marker it reports each
+statistic's tick to stage 2 (``stage2.py``). Each statistic is a
+``dpstream.statistics.contract.Statistic`` built by the registry of kinds
+(``dpstream.statistics.registry``); this module calls only the contract, never a kind. All
+DP math lives in ``operators``; this module only routes numbers.
 
 Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_state.py``
-(``PartitionState``, ``UserEntry``); stage 2's is a ``Stage2State``, stored as its JSON.
+(``PartitionState``, ``UserEntry``).
 """
 
 from __future__ import annotations

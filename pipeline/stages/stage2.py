@@ -1,4 +1,11 @@
-"""Stage 2"""
+"""Stage 2's bookkeeping, free of Kafka so the worker and ``dpstream replay`` share it.
+
+Stage 2 (keyed by statistic) waits until every stage-1 partition has reported tick t, then
+steps the statistic once; its releases are published at tick t's deadline
+(``drivers.Stage2Driver``). It binds every statistic's noise to its identity (parameters,
+run, key commitment, start tick) and refuses state it must not continue (docs/design.md
+sections 4a and 4b), and adds the common fields to every release and ledger entry. Its
+state is a ``Stage2State``, stored as its JSON."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What the pipeline's secret key gives besides noise: the authentication of what it writes
-to its ledger and of the logs it exports, and a public commitment to the key.
+"""The pipeline's secret key: how it is loaded (``load_key``: from ``noise.key_file`` or
+``noise.key_env``, refused unless it is 256 random bits or more) and what it gives besides
+noise: the authentication of what the pipeline writes to its ledger and of the logs it
+exports, and a public commitment to the key.
 
 One key, three uses, each under its own domain tag (so that no value derived for one use
 is a value of another):

@@ -1,4 +1,5 @@
-"""Small pieces the worker, replay and tools share: limits, noise key loading."""
+"""``dpstream worker`` as a child process, for tests, benchmarks and the demo: start it,
+stop it, read its partition assignment from its log."""
 
 from __future__ import annotations
 
