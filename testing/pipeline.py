@@ -59,7 +59,7 @@ class Pipeline:
     ) -> Pipeline:
         """Write the config, create its topics and start the worker."""
         from dpstream.config.schema import parse_config
-        from dpstream.pipeline.topics import ensure_topics
+        from dpstream.pipeline.kafka.topics import ensure_topics
 
         data = unique_names(data)
         cfg = parse_config(data)
@@ -73,7 +73,7 @@ class Pipeline:
 
     def restart(self) -> None:
         """Start the worker (again, after :meth:`kill` or :meth:`stop`) on the same config."""
-        from dpstream.pipeline.worker_support import spawn_worker
+        from dpstream.pipeline.worker.processes import spawn_worker
 
         if self.running():
             return
@@ -85,7 +85,7 @@ class Pipeline:
 
     def produce(self, events: Iterable[dict[str, Any]]) -> int:
         """Send events (dicts with ``user_id``, ``key``, ...) to the source topic; flushed."""
-        from dpstream.pipeline.clients import make_producer, produce_events
+        from dpstream.pipeline.kafka.clients import make_producer, produce_events
 
         if self._producer is None:
             self._producer = make_producer(self.bootstrap, self.cfg.kafka)
@@ -156,7 +156,7 @@ class Pipeline:
 
     def stop(self) -> None:
         """Stop the worker cleanly and close the clients. Safe to call twice."""
-        from dpstream.pipeline.worker_support import stop_worker
+        from dpstream.pipeline.worker.processes import stop_worker
 
         if self._proc is not None:
             stop_worker(self._proc)
