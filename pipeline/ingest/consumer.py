@@ -23,12 +23,12 @@ one on its way to the broker while the next is read and routed.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.errors import DpStreamError
 
+from ..kafka.client_logs import RateLimiter, error_callback
 from ..kafka.security import confluent_config
 from ..wire.records import (
     ENVELOPE,
@@ -51,6 +52,10 @@ log = logging.getLogger(__name__)
 
 LOG_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+CLOSE_SECONDS = 8.0
+"""How long a stopping ingest waits for the acknowledgements of what it sent: within the
+worker's stop bound (``pipeline/worker/lifecycle.py``), which stops the ingest first."""
 
 
 class IngestFailed(DpStreamError):
@@ -73,6 +78,7 @@ def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
         # librdkafka's default (1 s) idles the fetcher after the first fetches.
         "fetch.queue.backoff.ms": 10,
         "log_level": 0,
+        "error_cb": error_callback("ingest consumer", log),
         **_group_timeouts(),
         **confluent_config(cfg.kafka),
     }
@@ -103,6 +109,7 @@ def producer_config(bootstrap: str, cfg: PipelineConfig) -> dict[str, object]:
         "linger.ms": 5,
         "compression.type": "lz4",
         "log_level": 0,
+        "error_cb": error_callback("ingest producer", log),
         **confluent_config(cfg.kafka),
     }
 
@@ -144,12 +151,16 @@ class Ingest:
         self._pending: deque[_Batch] = deque()  # sent, oldest first, not yet committed
         self._logged = time.monotonic()
         self._rebalanced = False  # a rebalance callback ran during the current read
+        self._stop: Any = None  # run's stop event: a wait for acknowledgements ends with it
+        self._consumer_errors = RateLimiter()
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
 
-    def run(self, stop: Any, parent: int | None = None) -> None:
+    def run(self, stop: Any, parent: int | None = None) -> bool:
         """Until ``stop`` is set (or the ``parent`` process is gone): consume, route, send,
-        wait for the acknowledgements, commit."""
+        wait for the acknowledgements, commit. Returns whether it stopped cleanly: every
+        envelope and dead letter acknowledged and its source offsets committed (``close``)."""
+        self._stop = stop
         self._consumer.subscribe(
             self._cfg.input.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
         )
@@ -158,8 +169,10 @@ class Ingest:
                 self.step(timeout=0.5)
                 if time.monotonic() - self._logged > LOG_SECONDS:
                     self._log_progress()
-        finally:
+        except BaseException:
             self.close()
+            raise
+        return self.close()
 
     def _log_progress(self) -> None:
         self._logged = time.monotonic()
@@ -209,7 +222,10 @@ class Ingest:
             if error is not None:
                 if error.fatal():
                     raise KafkaException(error)
-                log.warning("ingest consumer: %s", error)
+                held = self._consumer_errors.admit(error.code())
+                if held is not None:
+                    note = self._consumer_errors.note(held)
+                    log.warning("ingest consumer: %s%s", error.str(), note)
                 continue
             # tuple.__new__: without the NamedTuple's Python-level __new__ (per record).
             records.append(
@@ -233,10 +249,15 @@ class Ingest:
             except BufferError:  # the producer's queue is full: let it drain
                 self._producer.poll(0.1)
 
-    def _settle(self, keep: int) -> None:
+    def _settle(self, keep: int, deadline: float | None = None) -> bool:
         """Wait until at most ``keep`` batches are unacknowledged, and commit the source
         offsets of every batch acknowledged whole, oldest first: a commit of ``c`` says
-        that every record below ``c`` is in the events or the dead-letter topic."""
+        that every record below ``c`` is in the events or the dead-letter topic.
+
+        Gives up (returns False, committing nothing more) once ``run``'s stop is set or
+        ``deadline`` (``time.monotonic()``) has passed: with the broker gone, no
+        acknowledgement comes (no message times out: ``producer_config``), and a stop
+        must not wait for it. What was not committed is read again by the next ingest."""
         self._producer.poll(0)
         while self._pending:
             batch = self._pending[0]
@@ -245,9 +266,14 @@ class Ingest:
             if batch.outstanding == 0:
                 self._commit(self._pending.popleft().ends)
             elif len(self._pending) > keep:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                if deadline is None and self._stop is not None and self._stop.is_set():
+                    return False
                 self._producer.poll(0.05)
             else:
-                return
+                return True
+        return True
 
     def _commit(self, ends: dict[tuple[str, int], int]) -> None:
         offsets = [TopicPartition(t, p, end) for (t, p), end in ends.items()]
@@ -278,11 +304,25 @@ class Ingest:
                 out[f"{tp.topic}[{tp.partition}]"] = high - position
         return out
 
-    def close(self) -> None:
-        with contextlib.suppress(IngestFailed):
-            self._settle(0)
+    def close(self, seconds: float = CLOSE_SECONDS) -> bool:
+        """Wait up to ``seconds`` for the envelopes and dead letters under way, commit what
+        they cover, and close the clients. Returns whether everything was acknowledged (a
+        clean stop); with the broker gone it returns False after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        try:
+            settled = self._settle(0, deadline)
+        except IngestFailed:
+            settled = False
         self._consumer.close()
-        self._producer.flush(5.0)
+        unsent = self._producer.flush(max(0.0, deadline - time.monotonic()))
+        if not settled or unsent:
+            log.warning(
+                "ingest: stopped with records the events topic has not acknowledged within "
+                "%g s (is the broker reachable?); their source offsets are not committed, "
+                "and the next ingest reads them again",
+                seconds,
+            )
+        return settled and not unsent
 
 
 def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> dict[str, dict]:
@@ -315,10 +355,14 @@ class IngestHandle:
     """The worker's ingest, in a thread or a child process, stopped with the worker."""
 
     def __init__(self, cfg: PipelineConfig, bootstrap: str, mode: str) -> None:
+        self._clean = threading.Event()  # an ingest in a thread stopped cleanly
         if mode == "thread":
             self._stop: Any = threading.Event()
             self._runner: Any = threading.Thread(
-                target=run_ingest, args=(cfg, bootstrap, self._stop), name="ingest", daemon=True
+                target=run_ingest,
+                args=(cfg, bootstrap, self._stop, None, self._clean),
+                name="ingest",
+                daemon=True,
             )
         else:
             # spawn: the worker already runs librdkafka's threads, which fork would not copy.
@@ -343,26 +387,55 @@ class IngestHandle:
             return self._runner.exitcode
         return None
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def request_stop(self) -> None:
+        """Ask the ingest to stop (it finishes within ``CLOSE_SECONDS``); ``stop`` waits."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for: the ingest is expected to end."""
+        return bool(self._stop.is_set())
+
+    def stop(self, timeout: float = CLOSE_SECONDS + 2.0) -> bool:
+        """Stop the ingest and wait for it (a process still running after ``timeout`` is
+        killed). Returns whether it stopped cleanly (``Ingest.close``)."""
         self._stop.set()
         self._runner.join(timeout)
-        if isinstance(self._runner, multiprocessing.process.BaseProcess) and self.is_alive():
-            self._runner.kill()
+        if isinstance(self._runner, multiprocessing.process.BaseProcess):
+            if self.is_alive():
+                self._runner.kill()
+                return False
+            return self._runner.exitcode == 0
+        return not self.is_alive() and self._clean.is_set()
 
 
-def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | None = None) -> None:
-    """An ingest until ``stop`` is set (or, in a child process, its worker is gone)."""
+def run_ingest(
+    cfg: PipelineConfig,
+    bootstrap: str,
+    stop: Any,
+    parent: int | None = None,
+    clean: threading.Event | None = None,
+) -> bool:
+    """An ingest until ``stop`` is set (or, in a child process, its worker is gone).
+    Returns whether it stopped cleanly (and sets ``clean`` if so); a child process exits
+    with status 1 when it did not."""
     if parent is not None:
-        # A terminal's Ctrl-C reaches the whole process group; this process stops when its
-        # worker has shut down cleanly (``stop``), or with the worker (``_die_with_parent``),
-        # not halfway through a batch with a KeyboardInterrupt.
+        # A terminal's Ctrl-C reaches the whole process group, and so does a SIGTERM sent
+        # to it (systemd's default); this process stops when its worker stops it
+        # (``stop``: it finishes what it sent), or with the worker (``_die_with_parent``),
+        # not halfway through a batch.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _die_with_parent()
         logging.basicConfig(
             level=logging.INFO, format="[%(asctime)s] [ingest %(process)d] %(message)s"
         )
-    ingest = Ingest(cfg, bootstrap)
-    ingest.run(stop, parent)
+    stopped_cleanly = Ingest(cfg, bootstrap).run(stop, parent)
+    if stopped_cleanly and clean is not None:
+        clean.set()
+    if parent is not None and not stopped_cleanly:
+        sys.exit(1)
+    return stopped_cleanly
 
 
 def _die_with_parent() -> None:

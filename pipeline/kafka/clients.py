@@ -3,6 +3,7 @@ readers, and a release reader."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import orjson
@@ -11,7 +12,10 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
 from ..wire.records import BATCH, HEADER
+from .client_logs import error_callback
 from .security import confluent_config
+
+log = logging.getLogger(__name__)
 
 
 def make_producer(
@@ -24,6 +28,7 @@ def make_producer(
         "compression.type": "lz4",
         "enable.idempotence": True,
         "log_level": 0,
+        "error_cb": error_callback("producer", log),
     }
     conf.update(confluent_config(security or KafkaSecurityConfig()))
     conf.update(overrides)
@@ -65,6 +70,7 @@ def _consumer(bootstrap: str, security: KafkaSecurityConfig | None = None) -> Co
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 0,
+            "error_cb": error_callback("reader", log),
             **confluent_config(security or KafkaSecurityConfig()),
         }
     )
@@ -162,6 +168,7 @@ def read_releases(
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 0,
+            "error_cb": error_callback("release reader", log),
             **confluent_config(security or KafkaSecurityConfig()),
         }
     )

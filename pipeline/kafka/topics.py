@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
 
+from .client_logs import error_callback
 from .security import confluent_config
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,10 @@ def timestamp_types(cfg: PipelineConfig) -> dict[str, str]:
 
 def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminClient:
     conf: dict[str, str | int] = {"bootstrap.servers": bootstrap, "log_level": 0}
-    return AdminClient({**conf, **confluent_config(security or KafkaSecurityConfig())})
+    return AdminClient(
+        {**conf, **confluent_config(security or KafkaSecurityConfig())},
+        error_cb=error_callback("admin", log),  # a callable: outside the stub's conf type
+    )
 
 
 # The ledger is what users have lost, for good: it never expires, and compaction (which

@@ -81,20 +81,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
-    return 0
+    return run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
 
 
 def run_worker(
     cfg: PipelineConfig, bootstrap: str, loglevel: str = "info", ingest: str = INGEST_DEFAULT
-) -> None:
-    import faust
-
+) -> int:
+    """Run a worker until it is stopped; its exit status: 0 when it stopped cleanly,
+    ``EXIT_STOPPED_UNFLUSHED`` when its ingest could not flush (the stop bound itself
+    ends the process with that status: ``lifecycle.Worker``)."""
     from ..ingest.consumer import IngestHandle
     from ..kafka.topics import changelog_topics, ensure_topics, missing_topics
     from ..worker.app import create_app
+    from ..worker.exits import EXIT_STOPPED_UNFLUSHED
     from ..worker.keys import load_key
     from ..worker.ledger import record_statement
+    from ..worker.lifecycle import Worker
 
     key = load_key(cfg)  # before anything else: no key, no start
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
@@ -107,13 +109,18 @@ def run_worker(
     ensure_topics(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
+    status: object = 0
     try:
         app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs)
-        worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+        worker = Worker(app, ingest=handle, loglevel=loglevel, quiet=True, override_logging=True)
         worker.execute_from_commandline()
+    except SystemExit as exc:  # how Faust's worker ends, 0 after a clean stop
+        status = exc.code
     finally:
-        if handle is not None:
-            handle.stop()
+        ingest_clean = handle is None or handle.stop()
+    if status in (0, None) and not ingest_clean:
+        return EXIT_STOPPED_UNFLUSHED
+    return status if isinstance(status, int) else 1
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -121,6 +128,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     from ..ingest.consumer import run_ingest
     from ..kafka.topics import ensure_ingest_topics
+    from ..worker.exits import EXIT_STOPPED_UNFLUSHED
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
     cfg, bootstrap = load_config(args.config), resolve_bootstrap(args.bootstrap)
@@ -130,8 +138,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    run_ingest(cfg, bootstrap, stop)
-    return 0
+    # It finishes what it sent within ingest.consumer.CLOSE_SECONDS, broker or not.
+    return 0 if run_ingest(cfg, bootstrap, stop) else EXIT_STOPPED_UNFLUSHED
 
 
 def cmd_lag(args: argparse.Namespace) -> int:

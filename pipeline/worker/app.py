@@ -87,8 +87,9 @@ async def crash_only(
 def stop_if_ingest_ended(ingest: IngestHandle) -> None:
     """End the worker (:func:`exit_now`) once its ingest has ended: the worker would go on
     releasing ticks while no event reaches the events topic. A restarted worker starts a
-    new ingest, which re-sends from the source offsets the old one committed."""
-    if ingest.is_alive():
+    new ingest, which re-sends from the source offsets the old one committed. An ingest
+    asked to stop (the worker is stopping: ``lifecycle.Worker``) is expected to end."""
+    if ingest.is_alive() or ingest.stopping:
         return
     how = "its thread ended" if ingest.exitcode is None else f"exit code {ingest.exitcode}"
     log.critical("the ingest stopped (%s); stopping the worker", how)
@@ -123,7 +124,7 @@ def create_app(
     """Build the worker's Faust app for one pipeline definition: ``key`` draws the noise
     and signs the ledger entries, ``runs`` are the statistics' runs the ledger states
     (``ledger.record_statement``), ``ingest`` is the worker's own ingest, watched: the
-    worker stops when it does."""
+    worker stops when it does (unless it was asked to stop)."""
     partitions = cfg.input.partitions
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()

@@ -1,5 +1,5 @@
-"""The worker's Kafka transport: Faust's aiokafka transport with two fixes, for the
-consumers of apps whose broker URL uses :data:`SCHEME` only: the worker's
+"""The worker's Kafka transport: Faust's aiokafka transport with three fixes, for the
+clients of apps whose broker URL uses :data:`SCHEME` only: the worker's
 (``pipeline/worker/app.py``).
 
 *Partitions without a committed offset restart from their beginning.* At a rebalance
@@ -31,14 +31,27 @@ for them forever (``recovery.py``). :meth:`ConsumerThread._fetch_records` asks a
 for a copy of the active partitions taken when the call starts (an empty one: nothing,
 never every partition), and when the flow stopped during the call it seeks each partition
 back to its first record returned (:func:`hand_back`) and returns none.
+
+*A failed metadata update is not retried at once.* aiokafka coalesces metadata updates
+in one task per client, which starts the next update as soon as anyone asks once the last
+one is over; every send waiting for a topic's metadata asks again 100 ms after its last
+answer (``AIOKafkaClient._wait_on_metadata``). With the broker gone, a failed update takes
+well under a millisecond (a refused connection), so a few hundred such sends kept the task
+failing about 5,000 times a second: 75-93% of a core and, before the client logs were
+rate-limited, 250 KB/s of log (measured on a worker whose broker was stopped: about half
+the runs, depending on what was under way at that moment; docs/reliability.md, "A broker
+that goes away"). :func:`back_off_failed_metadata` makes that task wait
+``retry_backoff_ms`` after a failed update, as each caller already does, so a client
+tries at most ten times a second.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Set
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.consumer import RecordMap
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -72,6 +85,22 @@ def hand_back(consumer: AIOKafkaConsumer, records: RecordMap) -> None:
             consumer.seek(tp, batch[0].offset)
 
 
+def back_off_failed_metadata(client: AIOKafkaClient) -> None:
+    """Make ``client``'s metadata task wait ``retry_backoff_ms`` after a failed update
+    before it returns, so that the next update starts no sooner (see the module
+    docstring). A successful update returns at once."""
+    update = client._metadata_update
+    backoff = client._retry_backoff
+
+    async def backing_off(cluster_metadata: Any, topics: Any) -> bool:
+        updated = bool(await update(cluster_metadata, topics))
+        if not updated:
+            await asyncio.sleep(backoff)
+        return updated
+
+    client._metadata_update = backing_off  # type: ignore[method-assign]
+
+
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     async def _fetch_records(
         self,
@@ -103,6 +132,7 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             return await seek_uncommitted_to_beginning(consumer, changelogs, *partitions)
 
         consumer.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
+        back_off_failed_metadata(consumer._client)
         return consumer
 
 
@@ -111,8 +141,16 @@ class Consumer(faust_aiokafka.Consumer):
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
 
+class Producer(faust_aiokafka.Producer):
+    def _new_producer(self, transactional_id: str | None = None) -> AIOKafkaProducer:
+        producer = super()._new_producer(transactional_id)
+        back_off_failed_metadata(producer.client)
+        return producer
+
+
 class Transport(faust_aiokafka.Transport):
     Consumer = Consumer
+    Producer = Producer
 
 
 def register_transport() -> None:

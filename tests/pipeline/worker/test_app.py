@@ -130,8 +130,8 @@ def test_both_agents_of_the_worker_app_end_the_worker_on_an_exception(
 class EndedIngest:
     """The part of an ``IngestHandle`` the worker's ingest watch uses."""
 
-    def __init__(self, alive: bool, exitcode: int | None) -> None:
-        self.alive, self.exitcode = alive, exitcode
+    def __init__(self, alive: bool, exitcode: int | None, stopping: bool = False) -> None:
+        self.alive, self.exitcode, self.stopping = alive, exitcode, stopping
 
     def is_alive(self) -> bool:
         return self.alive
@@ -152,6 +152,14 @@ def test_an_ended_ingest_ends_the_worker_at_once_saying_how_it_ended(exits, capl
 def test_a_running_ingest_leaves_the_worker_running(exits, caplog):
     with caplog.at_level(logging.DEBUG):
         app_module.stop_if_ingest_ended(EndedIngest(alive=True, exitcode=None))
+    assert exits == [] and caplog.records == []
+
+
+def test_an_ingest_that_ends_because_the_worker_stops_it_leaves_the_stop_alone(exits, caplog):
+    # The worker stops its ingest first (lifecycle.Worker.on_stop); the ingest's end
+    # during that stop is no failure, and status 70 would hide a clean stop.
+    with caplog.at_level(logging.DEBUG):
+        app_module.stop_if_ingest_ended(EndedIngest(alive=False, exitcode=0, stopping=True))
     assert exits == [] and caplog.records == []
 
 

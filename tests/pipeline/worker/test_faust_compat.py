@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from types import SimpleNamespace
 
 import faust
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -323,3 +324,41 @@ def test_records_fetched_after_the_flow_stopped_are_handed_back_to_aiokafka(tmp_
     faust_consumer.resume_partitions({events})
     assert asyncio.run(thread._fetch_records(aiokafka, {events}, timeout=1.0)) == {}
     assert len(aiokafka.asked) == 1
+
+
+async def timed_failed_update(client) -> float:
+    """Seconds one metadata update of ``client`` takes where no broker answers (it knows no
+    node: the update fails at once, as a refused connection does)."""
+    started = time.monotonic()
+    assert await client._metadata_update(client.cluster, set()) is False
+    return time.monotonic() - started
+
+
+def test_a_failed_metadata_update_waits_the_retry_backoff_before_the_next(tmp_path):
+    # With the broker gone, a few hundred sends waiting for metadata kept aiokafka's
+    # metadata task failing about 5,000 times a second: a core, and megabytes of log.
+    async def run() -> tuple[float, float]:
+        plain = AIOKafkaClient(bootstrap_servers="127.0.0.1:9", retry_backoff_ms=300)
+        fixed = AIOKafkaClient(bootstrap_servers="127.0.0.1:9", retry_backoff_ms=300)
+        transport.back_off_failed_metadata(fixed)
+        return await timed_failed_update(plain), await timed_failed_update(fixed)
+
+    plain, fixed = asyncio.run(run())
+    assert plain < 0.3 <= fixed
+
+
+def test_the_workers_producer_and_consumer_back_off_failed_metadata_updates(tmp_path):
+    thread = worker_consumer_thread(tmp_path)
+    app = thread.app
+
+    async def run() -> list[float]:
+        producer = app.producer._new_producer()
+        consumer = thread._create_worker_consumer(app.transport)
+        try:
+            return [await timed_failed_update(c) for c in (producer.client, consumer._client)]
+        finally:
+            await producer.stop()
+            await consumer.stop()
+
+    backoff = 0.1  # aiokafka's default retry_backoff_ms, which Faust keeps
+    assert all(seconds >= backoff for seconds in asyncio.run(run()))
