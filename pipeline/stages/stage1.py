@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from dpstream.config.schema import PipelineConfig
+from dpstream.statistics.bounding import ColumnarBounding, UnitColumns, add_weights
 from dpstream.statistics.contract import PerUserStatistic, Report
-from dpstream.statistics.counting import UnitColumns, add_weights
 from dpstream.statistics.events import Batch, Event
 from dpstream.statistics.registry import statistic_for
 
@@ -38,15 +38,15 @@ _UNUSED: dict[str, int] = {}  # a new user's ``used``
 
 class Stage1:
     """Per-user contribution counts (on the original stream) and per-tick pre-aggregation:
-    the unit weights of the ``counting`` statistics (``pipeline.counting``), the
-    per-user and per-partition states of the others."""
+    the unit weights of the statistics with a ``bounding`` (``dpstream.statistics.bounding``),
+    the per-user and per-partition states of the others."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
         stats = [statistic_for(s, cfg) for s in cfg.statistics]
-        self._stats = [s.counting for s in stats if s.counting is not None]
-        self._columns = UnitColumns([s for s in self._stats if s.columnar])
+        self._stats = [s.bounding for s in stats if s.bounding is not None]
+        self._columns = UnitColumns([s for s in self._stats if isinstance(s, ColumnarBounding)])
         self._per_user = [s for s in self._stats if not s.columnar]
-        self._user_stats = [s for s in stats if s.counting is None]
+        self._user_stats = [s for s in stats if s.bounding is None]
         self._partitions = cfg.input.partitions
         self._indexes: dict[int, _ScanIndex] = {}  # per stage-1 partition
 
@@ -62,7 +62,7 @@ class Stage1:
         contribute to this tick's pending sums.
 
         The count and sum statistics advance over the whole record in numpy
-        (``counting.UnitColumns``); the other kinds per user. One table write per user
+        (``bounding.UnitColumns``); the other kinds per user. One table write per user
         per record, a ``UserEntry`` (units per stream slot so far, the record, the per-user
         kinds' weights from it, and the ``state``/``redo`` below).
 

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from dpstream.pipeline.stages.stage2_state import Stage2State
-from dpstream.statistics.cells import CellMarks, CellStage2State, CellUserState
-from dpstream.statistics.counters import UserLevelState
-from dpstream.statistics.means import MeanRedo
+from dpstream.statistics.cell_mean import CellMarks, CellStage2State, CellUserState
+from dpstream.statistics.continual_mean import MeanRedo
+from dpstream.statistics.user_level import UserLevelState
 from tests.pipeline.stages.replayed_states import config, replayed
 
 
