@@ -12,18 +12,20 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dpstream.operators.errors import DpStreamError
-
-if TYPE_CHECKING:
-    from dpstream.operators.accounting import PrivacyStatement, StatisticTerms
-    from dpstream.operators.cells.cell_accountant import CellAccountantSpec
-    from dpstream.operators.cells.cell_mean import CellMeanSpec
+from dpstream.operators import accounting
+from dpstream.operators.accounting import PrivacyStatement, StatementError, StatisticTerms
+from dpstream.operators.accounting.accountant import Form
+from dpstream.operators.cells import cell_accountant, cell_mean
+from dpstream.operators.cells.cell_accountant import CellAccountantSpec
+from dpstream.operators.cells.cell_mean import CellMeanSpec
+from dpstream.operators.errors import DpStreamError, InvalidOperatorConfig
 
 log = logging.getLogger(__name__)
 
@@ -445,8 +447,6 @@ class CellConfig(_Model):
             raise ValueError(f"contribution_cap: only applies to noisy_ratio, not {self.mechanism}")
         if "clip_kappa" in self.model_fields_set and not self.clip_user:
             raise ValueError("clip_kappa: only applies with clip_user: true")
-        from dpstream.operators.errors import InvalidOperatorConfig
-
         try:  # what only the operators check (grid multiples, ...), named as here
             self.operator_spec(1.0)
             self.accountant_spec()
@@ -468,7 +468,6 @@ class CellConfig(_Model):
     def operator_spec(self, epsilon: float, any_subset: bool = False) -> CellMeanSpec:
         """The ``operators.cell_mean`` spec of one cell release at ``epsilon``; ``any_subset``
         is the strict mode's neighbouring relation (privacy.neighbours)."""
-        from dpstream.operators.cells import cell_mean
 
         def exact(x: float) -> str:
             return repr(x)  # the decimal the user wrote: 0.1 is 1/10 (exact_fraction)
@@ -492,8 +491,6 @@ class CellConfig(_Model):
 
     def accountant_spec(self) -> CellAccountantSpec:
         """The ``operators.cell_accountant`` spec: B per epoch, the mode, on_cap."""
-        from dpstream.operators.cells import cell_accountant
-
         return cell_accountant.make_cell_accountant(
             repr(self.epoch_cap), self.counts_public, self.on_cap
         )
@@ -665,10 +662,6 @@ class StatisticConfig(_Model):
     def terms(self, public_counts: bool = False) -> StatisticTerms:
         """What the accountant (``operators.accounting``) needs to charge this statistic;
         ``public_counts`` is the pipeline's ``privacy.public_counts`` (a mean's algorithm)."""
-        from fractions import Fraction
-
-        from dpstream.operators.accounting import StatisticTerms
-        from dpstream.operators.accounting.accountant import Form
 
         def exact(x: float) -> Fraction:
             return Fraction(repr(x))  # the decimal the user wrote: 0.1 is 1/10
@@ -741,8 +734,6 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:
-        from dpstream.operators.accounting import StatementError
-
         names = [s.name for s in self.statistics]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -779,10 +770,6 @@ class PipelineConfig(_Model):
     def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
         """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
         statistics this app id ran before and no longer runs."""
-        from fractions import Fraction
-
-        from dpstream.operators import accounting
-
         return accounting.statement(
             self.app_id,
             [s.terms(self.privacy.public_counts) for s in self.statistics],
