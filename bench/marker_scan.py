@@ -93,7 +93,7 @@ class Run:
         self.offset += 1
         for p, pstate in enumerate(self.pstates):
             mine = [e for e in events if partition_for(e.user_id, PARTITIONS) == p]
-            self.driver.on_events(pstate, self.users, p, self.offset, mine, [])
+            self.driver.stage1.add_events(pstate, self.users, mine, self.offset, p)
             self.driver.done(pstate, self.offset)
 
     def marker(self, tick: int, timed: list[float] | None = None) -> None:

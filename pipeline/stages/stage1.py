@@ -28,7 +28,7 @@ from dpstream.statistics.events import Batch, Event
 from dpstream.statistics.registry import statistic_for
 
 from ..wire.records import partition_for
-from .stage1_state import PartitionState, UserEntry
+from .stage1_state import PartitionState, UserEntry, redelivered
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Stage1:
         batch = Batch.of(events)
         if not len(batch):
             return
-        in_pending = offset <= pstate["last_offset"]
+        in_pending = redelivered(pstate, offset)
         pending: dict[str, dict[str, int]] = pstate["pending"]
         user_ids, rows = batch.by_user()
         stored = [users.get(user_id) for user_id in user_ids]

@@ -38,7 +38,8 @@ class PartitionState(TypedDict):
     """Per statistic counted by unit weights, the weights its users added in the open
     tick (the next report's ``weights``; keys: ``pipeline.counting``)."""
     sources: NotRequired[dict[str, list[int]]]
-    """Per source partition (``"<topic>:<partition>"``), the last position counted:
+    """Per source partition (``"<topic>/<partition>"``, ``records.source_id``), the last
+    position counted:
     [source offset, index in its record] (``Stage1Driver.unseen``)."""
     stats: NotRequired[dict[str, Any]]
     """Per statistic with per-user state, its partition state (the kind's JSON)."""
@@ -64,3 +65,9 @@ class UserEntry(TypedDict):
 
 def new_partition_state() -> PartitionState:
     return {"last_offset": -1, "last_tick": None, "pending": {}}
+
+
+def redelivered(pstate: PartitionState, offset: int) -> bool:
+    """Whether record ``offset`` was applied before (a re-delivery: its outputs went out
+    the first time; a user entry that missed it is repaired, ``Stage1.add_events``)."""
+    return offset <= pstate["last_offset"]

@@ -55,9 +55,7 @@ def test_what_stage1_stores_is_declared(public_counts, monkeypatch):
     # Each optional key somewhere; no kind counted per user (distinct) with public counts.
     written = {k for e in recorded.users for k in e}
     assert written == set(UserEntry.__annotations__) - ({"kept"} if public_counts else set())
-    assert {k for p in recorded.partitions for k in p} == set(PartitionState.__annotations__) - {
-        "sources"  # replay has no ingest: its records are not envelopes
-    }
+    assert {k for p in recorded.partitions for k in p} == set(PartitionState.__annotations__)
 
 
 def test_an_envelope_adds_its_source_position():
