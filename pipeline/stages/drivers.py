@@ -44,7 +44,7 @@ from ..wire.records import (
     rules_fingerprint,
 )
 from .stage1 import Stage1
-from .stage1_state import PartitionState, UserEntry, redelivered
+from .stage1_state import PartitionEntry, UserEntry, redelivered
 from .stage2 import Stage2
 from .stage2_state import Stage2State, StatisticRun
 
@@ -114,7 +114,7 @@ class Stage1Driver:
 
     def handle(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         users: MutableMapping[str, UserEntry],
         record: InputRecord,
         in_gap: bool = False,
@@ -156,7 +156,7 @@ class Stage1Driver:
             out.reject(reason, letter)
 
     @staticmethod
-    def skipped(pstate: PartitionState, offset: int) -> tuple[int, int] | None:
+    def skipped(pstate: PartitionEntry, offset: int) -> tuple[int, int] | None:
         """Offsets [start, end) before ``offset`` the consumer never handed over (Faust can
         leave a hole at a rebalance): they must be processed first."""
         last = pstate["last_offset"]
@@ -164,7 +164,7 @@ class Stage1Driver:
 
     def on_envelope(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         users: MutableMapping[str, UserEntry],
         partition: int,
         offset: int,
@@ -183,7 +183,7 @@ class Stage1Driver:
         return [], refused if fresh else []
 
     def admitted(
-        self, pstate: PartitionState, envelope: Envelope, partition: int
+        self, pstate: PartitionEntry, envelope: Envelope, partition: int
     ) -> tuple[Batch, list[Refused]]:
         """(the events of ``envelope`` this partition counts, the ones it refuses, why).
 
@@ -242,7 +242,7 @@ class Stage1Driver:
         )
 
     @staticmethod
-    def unseen(pstate: PartitionState, envelope: Envelope) -> Batch:
+    def unseen(pstate: PartitionEntry, envelope: Envelope) -> Batch:
         """The envelope's events after the last source position this partition counted
         of its source partition (and that position, advanced).
 
@@ -266,7 +266,7 @@ class Stage1Driver:
 
     def on_marker(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         users: MutableMapping[str, UserEntry],
         partition: int,
         value: bytes | None,
@@ -282,7 +282,7 @@ class Stage1Driver:
         return self.stage1.close_tick(pstate, partition, tick, users), []
 
     @staticmethod
-    def done(pstate: PartitionState, offset: int) -> None:
+    def done(pstate: PartitionEntry, offset: int) -> None:
         """Record ``offset`` is applied (after its outputs were acknowledged)."""
         pstate["last_offset"] = max(pstate["last_offset"], offset)
 

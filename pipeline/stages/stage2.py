@@ -195,8 +195,8 @@ class Stage2:
         parts (None or empty when nothing came)."""
         assert state.identity is not None  # set when the first tick closed
         noise = self._noise_of(state.identity, name)
-        step = self._statistics[name].step(state.tree, pending or None, tick, noise)
-        state.tree = step.state
+        step = self._statistics[name].step(state.statistic_state, pending or None, tick, noise)
+        state.statistic_state = step.state
         return (
             [self._records.release(name, tick, fields) for fields in step.releases],
             [self._records.ledger(name, tick, fields) for fields in step.ledger],

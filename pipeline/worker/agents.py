@@ -25,7 +25,7 @@ from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
 from ..kafka.clients import read_range
 from ..stages.drivers import InputRecord, Stage1Driver, Stage2Driver
-from ..stages.stage1_state import PartitionState, new_partition_state
+from ..stages.stage1_state import PartitionEntry, new_partition_state
 from ..stages.stage2 import StatisticChanged
 from ..stages.stage2_state import Stage2State
 from .changelog import BatchedTable
@@ -187,8 +187,8 @@ class Stage1Agent:
     async def on_event(self, event: faust.EventT) -> None:
         await self.handle(input_record(event))
 
-    def _partition_state(self, partition: int) -> PartitionState:
-        state: PartitionState = self._table.get(f"p:{partition}") or new_partition_state()
+    def _partition_state(self, partition: int) -> PartitionEntry:
+        state: PartitionEntry = self._table.get(f"p:{partition}") or new_partition_state()
         return state
 
     async def handle(self, record: InputRecord, in_gap: bool = False) -> None:
