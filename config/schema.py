@@ -12,18 +12,20 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dpstream.operators.errors import DpStreamError
-
-if TYPE_CHECKING:
-    from dpstream.operators.accounting import PrivacyStatement, StatisticTerms
-    from dpstream.operators.cells.cell_accountant import CellAccountantSpec
-    from dpstream.operators.cells.cell_mean import CellMeanSpec
+from dpstream.operators import accounting
+from dpstream.operators.accounting import PrivacyStatement, StatementError, StatisticTerms
+from dpstream.operators.accounting.accountant import Form
+from dpstream.operators.cells import cell_accountant, cell_mean
+from dpstream.operators.cells.cell_accountant import CellAccountantSpec
+from dpstream.operators.cells.cell_mean import CellMeanSpec
+from dpstream.operators.errors import DpStreamError, InvalidOperatorConfig
 
 log = logging.getLogger(__name__)
 
@@ -257,22 +259,16 @@ Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 
 @dataclass(frozen=True, slots=True)
 class KindEntry:
-    """One kind: the module that implements it, and what config validation and the event
-    checks need to know of it.
+    """What config validation and the event checks need to know of one kind.
 
-    ``implementation``: the import path of its module in the pipeline, which has
-    ``make_statistic(stat, cfg)`` (its ``pipeline.statistic.Statistic``) and
-    ``describe(stat, cfg)`` (one line for ``dpstream check-config``); ``pipeline.kinds``
-    imports it by this name when a statistic of the kind is first built. ``needs_value``:
-    its events must carry a value. ``section``: the kind is bounded by the caps of its own
-    section (``mean``, ``cells``), which it requires and no other kind takes; tau and the
-    tree parameters do not apply. ``values``: its event values are integers in [1, R], R
-    given by this field (``max_value``, ``bins``). ``rank``: it takes ``rank`` and
-    ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides tau: auto.
-    ``deletions``: ``deletions: true`` is supported (tau: auto).
+    ``needs_value``: its events must carry a value. ``section``: the kind is bounded by
+    the caps of its own section (``mean``, ``cells``), which it requires and no other kind
+    takes; tau and the tree parameters do not apply. ``values``: its event values are
+    integers in [1, R], R given by this field (``max_value``, ``bins``). ``rank``: it takes
+    ``rank`` and ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides
+    tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto).
     """
 
-    implementation: str
     needs_value: bool = True
     section: str | None = None
     values: str | None = None
@@ -281,21 +277,17 @@ class KindEntry:
     deletions: bool = True
 
 
-_COUNTERS = "dpstream.statistics.counters"
-
-# The registry of kinds: the kinds the schema accepts, each with its implementation and
-# parameters; adding a kind is its module plus one line here. Config validation, the
-# worker, replay and check-config all read it (the last three through statistics/registry.py).
-# The implementations are named as strings because the config package never imports the
-# pipeline (tests/test_import_graph.py), and statistics/registry.py imports them by name.
+# The kinds the schema accepts, with the parameters each takes. Their implementations are
+# the statistics layer's registry (dpstream.statistics.registry), which checks at import
+# that it names the same kinds: adding a kind is its module, one line there and one here.
 KINDS: dict[str, KindEntry] = {
-    "count": KindEntry(_COUNTERS, needs_value=False, fixed_tau=True),
-    "sum": KindEntry(_COUNTERS, values="max_value", fixed_tau=True),
-    "histogram": KindEntry(_COUNTERS, values="bins"),
-    "kselect": KindEntry(_COUNTERS, values="bins", rank=True, deletions=False),
-    "distinct": KindEntry(_COUNTERS, deletions=False),
-    "mean": KindEntry("dpstream.statistics.means", section="mean"),
-    "cell_mean": KindEntry("dpstream.statistics.cells", section="cells"),
+    "count": KindEntry(needs_value=False, fixed_tau=True),
+    "sum": KindEntry(values="max_value", fixed_tau=True),
+    "histogram": KindEntry(values="bins"),
+    "kselect": KindEntry(values="bins", rank=True, deletions=False),
+    "distinct": KindEntry(deletions=False),
+    "mean": KindEntry(section="mean"),
+    "cell_mean": KindEntry(section="cells"),
 }
 if TYPE_CHECKING:
     # A Literal built from KINDS at run time is no type to a checker: a kind is a str there.
@@ -455,8 +447,6 @@ class CellConfig(_Model):
             raise ValueError(f"contribution_cap: only applies to noisy_ratio, not {self.mechanism}")
         if "clip_kappa" in self.model_fields_set and not self.clip_user:
             raise ValueError("clip_kappa: only applies with clip_user: true")
-        from dpstream.operators.errors import InvalidOperatorConfig
-
         try:  # what only the operators check (grid multiples, ...), named as here
             self.operator_spec(1.0)
             self.accountant_spec()
@@ -478,7 +468,6 @@ class CellConfig(_Model):
     def operator_spec(self, epsilon: float, any_subset: bool = False) -> CellMeanSpec:
         """The ``operators.cell_mean`` spec of one cell release at ``epsilon``; ``any_subset``
         is the strict mode's neighbouring relation (privacy.neighbours)."""
-        from dpstream.operators.cells import cell_mean
 
         def exact(x: float) -> str:
             return repr(x)  # the decimal the user wrote: 0.1 is 1/10 (exact_fraction)
@@ -502,8 +491,6 @@ class CellConfig(_Model):
 
     def accountant_spec(self) -> CellAccountantSpec:
         """The ``operators.cell_accountant`` spec: B per epoch, the mode, on_cap."""
-        from dpstream.operators.cells import cell_accountant
-
         return cell_accountant.make_cell_accountant(
             repr(self.epoch_cap), self.counts_public, self.on_cap
         )
@@ -675,18 +662,21 @@ class StatisticConfig(_Model):
     def terms(self, public_counts: bool = False) -> StatisticTerms:
         """What the accountant (``operators.accounting``) needs to charge this statistic;
         ``public_counts`` is the pipeline's ``privacy.public_counts`` (a mean's algorithm)."""
-        from fractions import Fraction
-
-        from dpstream.operators.accounting import StatisticTerms
 
         def exact(x: float) -> Fraction:
             return Fraction(repr(x))  # the decimal the user wrote: 0.1 is 1/10
 
         cells, mean = self.cells, self.mean
+        form: Form = "tree_counter"
+        if cells is not None:
+            form = "per_cell_mean"
+        elif mean is not None:
+            form = "continual_mean" if public_counts else "whole_user_mean"
         return StatisticTerms(
             name=self.name,
             kind=self.kind,
             epsilon=exact(self.epsilon),
+            form=form,
             mechanism=self.mechanism,
             lam=None if self.lam is None else exact(self.lam),
             delay=self.delay,
@@ -744,8 +734,6 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:
-        from dpstream.operators.accounting import StatementError
-
         names = [s.name for s in self.statistics]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -779,17 +767,9 @@ class PipelineConfig(_Model):
                             "alone and its noise does not depend on the number of users"
                         )
 
-    def whole_user_mean(self, stat: StatisticConfig) -> bool:
-        """``stat`` is a mean run as the whole-user mean (operators.whole_user_mean)."""
-        return stat.kind == "mean" and not self.privacy.public_counts
-
     def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
         """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
         statistics this app id ran before and no longer runs."""
-        from fractions import Fraction
-
-        from dpstream.operators import accounting
-
         return accounting.statement(
             self.app_id,
             [s.terms(self.privacy.public_counts) for s in self.statistics],
@@ -798,45 +778,6 @@ class PipelineConfig(_Model):
             Fraction(repr(self.privacy.total_epsilon)),
             retired,
         )
-
-    def statistic_parameters(self, stat: StatisticConfig) -> dict[str, object]:
-        """Everything of the config that shapes ``stat``'s noise, its sensitivity or what
-        one user contributes: its whole definition, the pipeline's relation, the tick
-        length (steps count ticks), the privacy unit (``input.user_id_field``) and the
-        noise mode; for George et al.'s mean, the partitions too (its user cap is split
-        over them; other kinds are the same for any partition count); for the whole-user
-        mean, its mechanism and the sensitivities of its two counters. The pipeline adds
-        the resolved mechanism and the algorithms' versions
-        (``pipeline.kinds.identity_parameters``); the fingerprint of the whole is the
-        statistic's identity (docs/design.md section 4a says what is left out, and why)."""
-        out: dict[str, object] = {
-            "app_id": self.app_id,
-            "statistic": stat.model_dump(mode="json", by_alias=True),
-            "neighbours": self.privacy.neighbours.value,
-            "public_counts": self.privacy.public_counts,
-            "interval_seconds": self.ticks.interval_seconds,
-            # The privacy unit: another field is another set of users, each with a fresh
-            # bound inside the same trees.
-            "user_id_field": self.input.user_id_field,
-            # Zero noise and keyed noise are two statistics: no draw is shared between them.
-            "noise_mode": self.noise.mode.value,
-        }
-        if self.whole_user_mean(stat):
-            from dpstream.operators import accounting
-            from dpstream.operators.means import whole_user_mean
-
-            mean = stat.mean
-            assert mean is not None
-            multiplier = accounting.sensitivity_multiplier(self.privacy.neighbours.value)
-            out["mechanism"] = whole_user_mean.MECHANISM
-            out["sensitivities"] = list(
-                whole_user_mean.sensitivities(
-                    mean.max_samples_per_user, mean.resolution, multiplier
-                )
-            )
-        elif stat.kind == "mean":
-            out["partitions"] = self.input.partitions
-        return out
 
     def release_topic(self, statistic: str) -> str:
         return f"{self.outputs.release_topic_prefix}{statistic}"

@@ -230,7 +230,7 @@ table. Per event:
 | `orjson.loads` of the envelope alone (for scale) | {m["orjson_us"]:.2f} |
 | `records.decode_envelope` (columns to numpy arrays, shape checks) | {m["decode_us"]:.2f} |
 | `Stage1Driver.unseen` (drop what was counted before, by source position) | {m["unseen_us"]:.2f} |
-| `Stage1Driver.on_events` = `Stage1.add_events` (numpy per envelope, one entry per user) \
+| `Stage1.add_events` (numpy per envelope, one entry per user) \
 | {m["add_us"]:.2f} |
 | **total** (bounds stage 1 at {1e6 / total:,.0f} events/s on one core) | **{total:.2f}** |
 

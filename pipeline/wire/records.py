@@ -511,14 +511,6 @@ def _values(values: list) -> np.ndarray:
     return array.astype(np.float64, copy=False)
 
 
-def _factorized(column: list) -> tuple[list, np.ndarray]:
-    """(distinct entries, index per entry, -1 for None) of a column of names, as
-    envelopes written before the "U" and "K" columns hold them (the topic may still)."""
-    index: dict = {None: -1}
-    codes = [index.setdefault(x, len(index) - 1) for x in column]
-    return [x for x in index if x is not None], np.array(codes, dtype=np.int64)
-
-
 def decode_envelope(value: bytes | None) -> Envelope:
     """An envelope written by ``encode_envelope``; BadRecord when it is not one. Only the
     shape is checked here (in numpy); stage 1 checks the events against its own rules
@@ -536,20 +528,12 @@ def decode_envelope(value: bytes | None) -> Envelope:
     n = len(offsets)
     offset = _ints(obj, "o", n, 0, 0, None)
     index = _ints(obj, "i", n, 0, 0, None)
-    if "u" in obj:  # written before the "U" column
-        user_ids, user = _factorized(_column(obj, "u", n, (str,)))
-        if n and user.min() < 0:
-            raise BadRecord("malformed envelope")
-    else:
-        user_ids = _names(obj, "U")
-        if "x" not in obj:
-            raise BadRecord("malformed envelope")
-        user = _ints(obj, "x", n, -1, 0, len(user_ids))
-    if "k" in obj:
-        keys, key = _factorized(_column(obj, "k", n, (str,)))
-    else:
-        keys = _names(obj, "K")
-        key = _ints(obj, "y", n, -1, -1, len(keys))
+    user_ids = _names(obj, "U")
+    if "x" not in obj:
+        raise BadRecord("malformed envelope")
+    user = _ints(obj, "x", n, -1, 0, len(user_ids))
+    keys = _names(obj, "K")
+    key = _ints(obj, "y", n, -1, -1, len(keys))
     values = obj.get("v")
     if values is None:
         value_column = np.full(n, NO_VALUE)

@@ -39,10 +39,10 @@ from confluent_kafka import KafkaException
 
 from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
-from dpstream.statistics.registry import identity_parameters
+from dpstream.statistics.identity import identity_parameters
+from dpstream.statistics.releases import LEDGER_SCHEMA_VERSION
 
 from ..kafka.clients import make_producer, read_topic
-from ..stages.stage2 import LEDGER_SCHEMA_VERSION
 from ..stages.stage2_state import StatisticRun
 from .keys import PipelineKey
 

@@ -595,7 +595,7 @@ def test_a_table_recovery_that_receives_no_records_is_sought_again_or_stops(
 
 FAIL_HOOK = """
 import os
-from dpstream.pipeline import drivers
+from dpstream.pipeline.stages import drivers
 
 _STAGE = os.environ["DPSTREAM_TEST_FAIL_STAGE"]
 _FLAG = os.environ["DPSTREAM_TEST_FAIL_FLAG"]
