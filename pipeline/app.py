@@ -23,7 +23,7 @@ from dpstream.operators.noise import NoiseSource
 
 from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
-from .clients import read_range
+from .clients import read_range, tools_group
 from .drivers import Stage1Driver, Stage2Driver
 from .exits import exit_now
 from .ingest import IngestHandle
@@ -102,9 +102,11 @@ def create_app(
     noise: NoiseSource,
     datadir: Path,
     ingest: IngestHandle | None = None,
+    replicas: int = 1,
 ) -> faust.App:
     """Build the worker's Faust app for one pipeline definition (``ingest``: the worker's
-    own ingest, watched: the worker stops when it does)."""
+    own ingest, watched: the worker stops when it does; ``replicas``: the replication
+    factor of topics Faust would create, as ``topics.ensure_topics`` chose it)."""
     partitions = cfg.input.partitions
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
@@ -115,7 +117,7 @@ def create_app(
         datadir=str(datadir),
         web_enabled=False,
         topic_partitions=partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replicas,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         producer_linger_ms=5,
@@ -163,10 +165,12 @@ def create_app(
         for future in sent:
             await future
 
+    tools = tools_group(cfg)
+
     async def read_hole(topic: str, partition: int, start: int, end: int) -> list:
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                None, read_range, bootstrap, topic, partition, start, end, cfg.kafka
+                None, read_range, bootstrap, topic, partition, start, end, cfg.kafka, 30.0, tools
             )
         except Exception as exc:
             # Going on would lose the hole for good (Faust counts it as processed): stop

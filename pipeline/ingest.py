@@ -56,6 +56,7 @@ from .records import (
     partition_for,
     source_id,
 )
+from .topics import group_id
 from .worker_support import limits_for
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,7 @@ def _add_envelopes(
 def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
     return {
         "bootstrap.servers": bootstrap,
-        "group.id": f"{cfg.app_id}-ingest",
+        "group.id": group_id(cfg.app_id, "ingest"),
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         # librdkafka's default (1 s) idles the fetcher after the first fetches.

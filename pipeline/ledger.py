@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException
 from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
 
-from .clients import make_producer, read_topic
+from .clients import make_producer, read_topic, tools_group
 from .stages import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,9 @@ def past_statements(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            records = read_topic(bootstrap, cfg.outputs.ledger_topic, 1, security=cfg.kafka)
+            records = read_topic(
+                bootstrap, cfg.outputs.ledger_topic, 1, security=cfg.kafka, group=tools_group(cfg)
+            )
             break
         except KafkaException:
             # A topic created a moment ago may have no leader yet (NOT_LEADER, UNKNOWN).

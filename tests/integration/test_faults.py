@@ -41,7 +41,7 @@ from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.clients import export_log, make_producer, produce_events
 from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
 from dpstream.pipeline.records import partition_for
-from dpstream.pipeline.topics import changelog_topics
+from dpstream.pipeline.topics import changelog_topics, group_id
 from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
 from dpstream.testing import unique_names
 from tests.integration.crashes import (
@@ -686,7 +686,8 @@ def test_an_internal_error_in_an_agent_stops_the_worker_and_the_record_is_read_a
         assert line, first.log_tail()
         partition, offset, injected = (int(g) for g in line.groups())
         assert offset == injected
-        assert committed_offset(bootstrap, cfg.app_id, topic, partition) <= offset
+        worker_group = group_id(cfg.app_id, "worker")
+        assert committed_offset(bootstrap, worker_group, topic, partition) <= offset
         restarted = lives.restart()
         wait_for_progress(lives, rd, restarted)
 

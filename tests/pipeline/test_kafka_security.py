@@ -272,7 +272,7 @@ def test_the_producer_and_the_consumer_tools_get_the_settings(password_env, monk
     )
     clients.make_producer("b:9092", cfg.kafka, **{"linger.ms": 7})
     with pytest.raises(RuntimeError, match="captured"):
-        clients.read_releases("b:9092", "dp.events", security=cfg.kafka)
+        clients.read_releases("b:9092", "dp.events", group="g", security=cfg.kafka)
     with pytest.raises(RuntimeError, match="captured"):
         list(clients.export_log(cfg, "b:9092"))  # export-log's consumer
     # The ingest's consumer (source topics) and producer (events topic).
