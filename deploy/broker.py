@@ -323,20 +323,23 @@ def _wait_ready(
 
 
 def wait_for_metadata(
-    bootstrap: str, timeout: float, client: Mapping[str, str] | None = None, brokers: int = 1
+    bootstrap: str,
+    timeout: float,
+    brokers: int = 1,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Block until a Kafka cluster answers a metadata request that lists ``brokers`` brokers.
 
     Args:
         bootstrap: ``host:port[,host:port...]``.
         timeout: Seconds to keep trying.
-        client: librdkafka settings to add (a secured listener's).
         brokers: How many brokers the answer must list.
+        check: Called before each try; raises to give up (a broker process exited).
 
     Raises:
         BrokerError: No such answer within ``timeout``.
     """
-    _wait_ready(bootstrap, timeout, client=client, brokers=brokers)
+    _wait_ready(bootstrap, timeout, check, brokers=brokers)
 
 
 def plaintext_settings(ports: Sequence[int], log_dir: Path) -> dict[str, str]:
@@ -684,6 +687,10 @@ class LocalKafka:
         _reap(self.pid)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); its data dir stays, for a restart on it."""
+        self._kill_quietly(keep_dir=True)
 
     def _kill_quietly(self, *, keep_dir: bool) -> None:
         if self.is_alive():

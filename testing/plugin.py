@@ -1,5 +1,6 @@
 """The pytest plugin (entry point ``pytest11``): the ``kafka_broker`` and ``dpstream_pipeline``
-fixtures, and their secured twins ``secure_kafka_broker`` and ``dpstream_secure_pipeline``.
+fixtures, their secured twins ``secure_kafka_broker`` and ``dpstream_secure_pipeline``, and
+``kafka_cluster`` (three brokers that a test can kill and restart).
 Imports stay inside the fixtures: pytest loads this module in every run of the environment,
 also where no test uses Kafka."""
 
@@ -14,6 +15,7 @@ import pytest
 from .pipeline import Access, Pipeline
 
 if TYPE_CHECKING:
+    from dpstream.deploy.cluster import KafkaCluster
     from dpstream.deploy.secure_broker import Listener, SecureKafka
 
 PipelineFactory = Callable[..., Pipeline]
@@ -49,6 +51,22 @@ def secure_kafka_broker() -> Iterator[SecureKafka]:
         yield secured
     finally:
         secured.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """Three brokers from Kafka's jars for the whole session
+    (``dpstream.deploy.cluster.KafkaCluster``): ``.bootstrap`` for clients, ``.kill(node_id)``
+    and ``.restart(node_id)`` (1-based) to lose a broker and bring it back. Topics are
+    replicated 3 times with ``min.insync.replicas`` 2. Tests that kill a broker should
+    restart it before they end: the cluster is shared."""
+    from dpstream.deploy.cluster import KafkaCluster
+
+    cluster = KafkaCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _pipelines(
