@@ -190,34 +190,40 @@ def _warn_under_replicated(cfg: PipelineConfig, metadata: object, factor: int) -
 
 def adopt_former_worker_offsets(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
     """Copy the committed offsets of the worker's former group (the app id, Faust's
-    default) to ``<app_id>-worker`` once, when the new group has none: a worker upgraded
+    default) to ``<app_id>-worker`` once, when only the former exists: a worker upgraded
     from a version before the rename goes on where the old one stopped instead of reading
-    its topics again from their start. That re-read is what happens where the copy fails
-    (the principal may not read the former group, or another worker already joined the new
-    one): harmless, since stage 1 and stage 2 drop what they have seen, but long."""
+    its topics again from their start. That re-read is what happens where the copy fails or
+    the principal may not see the former group (grant it Describe and Read on the group
+    ``<app_id>`` until the first start to keep them): harmless, since stage 1 and stage 2
+    drop what they have seen, but long."""
     client = admin(bootstrap, cfg.kafka)
     new, old = group_id(cfg.app_id, "worker"), former_worker_group(cfg)
-
-    def committed(group: str) -> list:
-        request = [ConsumerGroupTopicPartitions(group)]
-        future = client.list_consumer_group_offsets(request, request_timeout=timeout)[group]
-        return [tp for tp in future.result().topic_partitions or () if tp.offset >= 0]
-
     try:
-        if committed(new):
+        # Listing the groups needs no group coordinator: a new cluster, whose coordinator
+        # is not loaded yet, answers at once (a new pipeline's common case).
+        listed = client.list_consumer_groups(request_timeout=timeout).result(timeout)
+        names = {group.group_id for group in listed.valid}
+        if old not in names or new in names:
             return
+        request = [ConsumerGroupTopicPartitions(old)]
+        future = client.list_consumer_group_offsets(request, request_timeout=timeout)[old]
         ours = {cfg.events_topic, cfg.stage2_topic}
-        former = [tp for tp in committed(old) if tp.topic in ours]
+        former = [
+            tp
+            for tp in future.result().topic_partitions or ()
+            if tp.offset >= 0 and tp.topic in ours
+        ]
         if not former:
             return
         request = [ConsumerGroupTopicPartitions(new, former)]
-        client.alter_consumer_group_offsets(request, request_timeout=timeout)[new].result()
-    except KafkaException as exc:
-        log.info(
-            "the offsets of the worker's former group %s were not taken over (%s); if this "
-            "pipeline ran under it, the worker reads its topics again (counting nothing twice)",
+        client.alter_consumer_group_offsets(request, request_timeout=timeout)[new].result(timeout)
+    except (KafkaException, TimeoutError) as exc:
+        reason = exc.args[0].name() if isinstance(exc, KafkaException) else "no answer"
+        log.warning(
+            "the offsets of the worker's former group %s were not taken over (%s): the worker "
+            "reads its topics again from their start (counting nothing twice)",
             old,
-            exc.args[0].name() if exc.args else exc,
+            reason,
         )
         return
     log.info("the worker's group is now %s; took over the offsets of %s", new, old)

@@ -16,6 +16,7 @@ TLS, ACLs enforced), one broker for the session (the plugin's ``secure_kafka_bro
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dpstream.config.schema import KafkaSecurityConfig, parse_config
@@ -35,7 +36,7 @@ from dpstream.deploy.secure_broker import SecureKafka
 from dpstream.pipeline.acls import Principals, all_args, bindings
 from dpstream.pipeline.kafka_security import check_connection, confluent_config
 from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.topics import group_id
+from dpstream.pipeline.topics import adopt_former_worker_offsets, ensure_topics, group_id
 from dpstream.pipeline.worker_support import spawn_worker, stop_worker
 from dpstream.testing import unique_names
 from tests.integration.scenarios import zero_noise_count_of_clicks
@@ -277,7 +278,6 @@ def test_a_plaintext_client_is_refused(secure_kafka_broker):
 
 def test_a_principal_without_acls_may_not_create_its_topics(secure_kafka_broker, tmp_path):
     from dpstream.operators.errors import DpStreamError
-    from dpstream.pipeline.topics import ensure_topics
 
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     data["kafka"] = secure_kafka_broker.kafka_section("reader")
@@ -317,3 +317,58 @@ def test_broker_start_secure_prints_settings_that_connect(tmp_path, monkeypatch)
     assert sasl.password_env == "DPSTREAM_KAFKA_PASSWORD" and sasl.password_file is None
     assert password not in out
     assert mtls.security_protocol == "SSL" and mtls.ssl_certfile is not None
+
+
+# ------------------------------------------------------------------------------ the rename
+
+
+def group_offsets(admin: AdminClient, group: str) -> dict[tuple[str, int], int]:
+    request = [ConsumerGroupTopicPartitions(group)]
+    found = admin.list_consumer_group_offsets(request)[group].result(timeout=30)
+    return {(tp.topic, tp.partition): tp.offset for tp in found.topic_partitions if tp.offset >= 0}
+
+
+def commit(secured: SecureKafka, group: str, offsets: list[TopicPartition]) -> None:
+    """Commit ``offsets`` for ``group`` as the admin, with a consumer: it waits for the
+    group coordinator of a new broker, where the admin client's call can hang (librdkafka
+    stops looking for the coordinator after three tries, and destroying that client later
+    blocks)."""
+    consumer = Consumer({**secured.admin_client_config(), "group.id": group, "log_level": 0})
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def test_the_former_worker_groups_offsets_are_taken_over_once(secure_kafka_broker, caplog):
+    """A worker of a version whose Faust group was the app id goes on where it stopped."""
+    secured = secure_kafka_broker
+    admin = AdminClient({**secured.admin_client_config(), "log_level": 0})
+
+    def app_with_former_offsets(user: str, offset: int):
+        data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+        cfg = parse_config({**data, "kafka": secured.kafka_section("admin")})
+        ensure_topics(cfg, secured.sasl_bootstrap)
+        former = [TopicPartition(t, p, offset + p) for t in (cfg.events_topic, cfg.stage2_topic)
+                  for p in range(PARTITIONS)]  # fmt: skip
+        commit(secured, cfg.app_id, former)
+        return parse_config({**data, "kafka": secured.kafka_section(user)})
+
+    caplog.set_level(logging.INFO, "dpstream.pipeline.topics")
+    cfg = app_with_former_offsets("admin", 0)
+    adopt_former_worker_offsets(cfg, secured.sasl_bootstrap)
+    taken = group_offsets(admin, group_id(cfg.app_id, "worker"))
+    assert taken == group_offsets(admin, cfg.app_id) and len(taken) == 2 * PARTITIONS
+    assert f"took over the offsets of {cfg.app_id}" in caplog.text
+    # Once: a group that has offsets keeps them.
+    commit(secured, cfg.app_id, [TopicPartition(cfg.events_topic, 0, 99)])
+    adopt_former_worker_offsets(cfg, secured.sasl_bootstrap)
+    assert group_offsets(admin, group_id(cfg.app_id, "worker")) == taken
+    # Under least privilege the former group is not the worker's to see: the worker reads
+    # its topics from their start.
+    cfg = app_with_former_offsets("dpstream", 5)
+    for future in admin.create_acls(bindings(cfg, Principals("User:dpstream"))).values():
+        future.result(timeout=30)
+    adopt_former_worker_offsets(cfg, secured.sasl_bootstrap)
+    assert group_offsets(admin, group_id(cfg.app_id, "worker")) == {}
+    assert "were not taken over" not in caplog.text
