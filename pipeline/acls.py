@@ -15,6 +15,7 @@ topic (KIP-679).
 from __future__ import annotations
 
 import shlex
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -159,15 +160,25 @@ def script(
 ) -> str:
     """The ``kafka-acls`` commands for ``cfg``, one per grant with a comment saying why,
     as a shell script (``bootstrap`` and ``command_config`` are written as given)."""
-    lines = [f"# ACLs of pipeline {cfg.app_id!r} (dpstream acls)"]
+    lines = [f"# The ACLs of pipeline {cfg.app_id} (dpstream acls --config ...)"]
     for principal, grant in grants(cfg, principals):
-        args = " ".join(shlex.quote(a) for a in kafka_acls_args(principal, grant))
+        args = kafka_acls_args(principal, grant)
+        first_operation = args.index("--operation")
+        first_name = args.index(f"--{grant.resource}")
+        lines += textwrap.wrap(
+            f"{principal}: {grant.why}", 88, initial_indent="# ", subsequent_indent="#   "
+        )
         lines += [
-            f"# {principal}: {grant.why}",
             f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config {command_config} \\",
-            f"  {args}",
+            f"  {_shell(args[:first_operation])} \\",
+            f"  {_shell(args[first_operation:first_name])} \\",
+            f"  {_shell(args[first_name:])}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _shell(args: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
 
 
 def bindings(cfg: PipelineConfig, principals: Principals) -> list:
