@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import subprocess
 import sys
@@ -29,9 +28,18 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from dpstream.config.schema import KafkaSecurityConfig, parse_config
+from dpstream.deploy import broker
 from dpstream.deploy.secure_broker import SecureKafka
 from dpstream.pipeline.acls import Principals, all_args, bindings
 from dpstream.pipeline.kafka_security import check_connection, confluent_config
@@ -60,14 +68,9 @@ PRINCIPALS = Principals("User:dpstream", "User:reader", "User:producer")
 ROUNDS = 3
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+def cli(*args: str, timeout: float = 120) -> str:
     done = subprocess.run(
-        [*CLI, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, f"dpstream {args[0]} failed:\n{done.stdout}{done.stderr}"
     return done.stdout
@@ -293,10 +296,10 @@ def test_a_principal_without_acls_may_not_create_its_topics(secure_kafka_broker,
 def test_broker_start_secure_prints_settings_that_connect(tmp_path, monkeypatch):
     """The command a user runs: its sections are valid configs, the password is in none of
     them (only the variable and the file that holds it), and both connect."""
-    env = {"DPSTREAM_HOME": str(tmp_path)}
+    monkeypatch.setenv("DPSTREAM_HOME", str(tmp_path))  # the CLI's and this process's
     try:
-        out = cli("broker", "start", "--secure", env=env, timeout=180)
-        again = cli("broker", "start", "--secure", env=env)
+        out = cli("broker", "start", "--secure", timeout=180)
+        again = cli("broker", "start", "--secure")
         exports = dict(
             line.removeprefix("export ").split("=", 1)
             for line in out.splitlines()
@@ -311,12 +314,30 @@ def test_broker_start_secure_prints_settings_that_connect(tmp_path, monkeypatch)
         assert check_connection(sasl, exports["KAFKA_BOOTSTRAP_SERVERS"], timeout=10) == 1
         mtls_bootstrap = out.split("# or over mutual TLS (bootstrap ")[1].split(")")[0]
         assert check_connection(mtls, mtls_bootstrap, timeout=10) == 1
+        granted = grant_with_the_cli(tmp_path, sections[0])
     finally:
-        cli("broker", "stop", env=env)
+        cli("broker", "stop")
     assert "already running" in again
+    assert granted
     assert sasl.password_env == "DPSTREAM_KAFKA_PASSWORD" and sasl.password_file is None
     assert password not in out
     assert mtls.security_protocol == "SSL" and mtls.ssl_certfile is not None
+
+
+def grant_with_the_cli(tmp_path: Path, kafka: dict) -> bool:
+    """``dpstream acls --apply`` for a pipeline's worker: its ACLs are then on the broker."""
+    data = unique_names(pipeline_config({"mode": "insecure_zero"}))
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({**data, "kafka": kafka}))
+    out = cli("acls", "--config", str(config), "--apply", "--reader", "", "--producer", "")
+    cfg = parse_config(data)
+    node = SecureKafka.found_in(broker.running_detached())
+    admin = AdminClient({**node.admin_client_config(), "log_level": 0})
+    found = admin.describe_acls(AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, "User:dpstream", None,
+        AclOperation.ANY, AclPermissionType.ANY)).result(timeout=30)  # fmt: skip
+    expected = bindings(cfg, Principals("User:dpstream"))
+    return out.startswith("granted 5 ACL commands") and set(found) >= set(expected)
 
 
 # ------------------------------------------------------------------------------ the rename
