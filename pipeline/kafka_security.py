@@ -436,6 +436,11 @@ def _refused_login(sec: KafkaSecurityConfig, text: str) -> str:
     if "mechanism" in text.lower() and "unsupported" in text.lower():
         return f"kafka.sasl_mechanism: the broker does not offer {sec.sasl_mechanism}"
     if sec.oauth is not None:
+        if "acquire sasl oauthbearer token" in text.lower():  # the endpoint, not the broker
+            return (
+                f"kafka.oauth: no token from {sec.oauth.token_endpoint_url} for client "
+                f"{sec.oauth.client_id}"
+            )
         return (
             f"kafka.oauth: the broker refused the token of client {sec.oauth.client_id} "
             f"from {sec.oauth.token_endpoint_url}"

@@ -565,14 +565,22 @@ def test_the_token_provider_asks_as_librdkafka_does_and_reuses_the_token(
 
 
 def test_a_token_endpoint_that_refuses_is_named(token_endpoint, monkeypatch, tmp_path):
+    """By aiokafka's provider, and by librdkafka's own OIDC client at the connection
+    check, before any broker is reached."""
     monkeypatch.setenv(SECRET_ENV, CLIENT_SECRET)
-    refused = oauth(token_endpoint.url.replace("/token", "/gone"), scope=None)
+    refused = oauth(token_endpoint.url, scope=None)
     token_endpoint.server.RequestHandlerClass.do_POST = lambda self: self.send_error(401)
     provider = token_provider(refused)
     with pytest.raises(ConfigError) as info:
         provider.fetch()
     assert str(info.value).startswith("kafka.oauth: no token from http://127.0.0.1:")
     assert "for client dpstream-prod (HTTP 401)" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        check_connection(refused, "127.0.0.1:9", timeout=10)
+    assert (
+        str(info.value)
+        == f"kafka.oauth: no token from {token_endpoint.url} for client dpstream-prod"
+    )
     assert CLIENT_SECRET not in str(info.value)
 
 
