@@ -53,13 +53,14 @@ def secure_kafka_broker() -> Iterator[SecureKafka]:
         secured.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kafka_cluster() -> Iterator[KafkaCluster]:
-    """Three brokers from Kafka's jars for the whole session
+    """Three brokers from Kafka's jars for a test module
     (``dpstream.deploy.cluster.KafkaCluster``): ``.bootstrap`` for clients, ``.kill(node_id)``
     and ``.restart(node_id)`` (1-based) to lose a broker and bring it back. Topics are
-    replicated 3 times with ``min.insync.replicas`` 2. Tests that kill a broker should
-    restart it before they end: the cluster is shared."""
+    replicated 3 times with ``min.insync.replicas`` 2. One cluster per module: three JVMs
+    are not left running for the rest of a session, and a module that loses brokers
+    leaves no damage to the next."""
     from dpstream.deploy.cluster import KafkaCluster
 
     cluster = KafkaCluster.start()
