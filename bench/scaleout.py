@@ -117,7 +117,8 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
 def equal_to_replay(bootstrap: str, cfg: PipelineConfig) -> bool:
     """Every release of the run equals the offline replay of its input log, byte for byte
     (the releases are a prefix of the replay's: the replay closes every tick)."""
-    from dpstream.pipeline.clients import export_log, read_topic
+    from dpstream.pipeline.clients import read_topic
+    from dpstream.pipeline.export import export_log
     from dpstream.pipeline.replay import replay
     from dpstream.pipeline.worker_support import load_noise
 

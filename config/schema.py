@@ -104,9 +104,49 @@ class InputConfig(_Model):
         return v
 
 
+# What stage 1 and stage 2 need at least, after the clock's marker period, to report and
+# absorb a tick before its release deadline (docs/design.md section 1).
+MIN_RELEASE_MARGIN_SECONDS = 0.25
+# The default margin: 1 s where a healthy worker needs milliseconds (stage 1's close with
+# 100,000 users held: under 1 ms, docs/design.md section 1), room for event-loop stalls.
+DEFAULT_RELEASE_MARGIN_SECONDS = 1.0
+
+
 class TickConfig(_Model):
-    # Public, data-independent time step. Tick n covers wall-clock [n*I, (n+1)*I) (Unix time).
+    """Public time. Tick n covers wall-clock [n*I, (n+1)*I) of Unix time
+    (``interval_seconds``); its releases are published at its deadline
+    (n+1)*I + ``release_delay_seconds``, with that deadline as their Kafka timestamp. None:
+    the clock's marker period plus 1 s (1.25 s for 1 s ticks)."""
+
     interval_seconds: float = Field(1.0, gt=0, le=86_400)
+    release_delay_seconds: float | None = Field(None, gt=0, le=86_400)
+
+    @property
+    def marker_period_seconds(self) -> float:
+        """How often the leader's clock looks for a tick or a deadline that has passed:
+        a marker leaves at most this long after its time."""
+        return min(self.interval_seconds / 4, 1.0)
+
+    @property
+    def release_delay(self) -> float:
+        """Seconds from a tick's end to its release deadline."""
+        if self.release_delay_seconds is not None:
+            return self.release_delay_seconds
+        return self.marker_period_seconds + DEFAULT_RELEASE_MARGIN_SECONDS
+
+    @model_validator(mode="after")
+    def _delay_covers_the_pipeline(self) -> TickConfig:
+        # The tick marker leaves up to one marker period after the tick's end; stage 1
+        # and stage 2 need the rest of the delay before the release marker comes.
+        least = self.marker_period_seconds + MIN_RELEASE_MARGIN_SECONDS
+        if self.release_delay < least:
+            raise ValueError(
+                f"release_delay_seconds: must be at least {least:g} (the clock's marker period "
+                f"min(interval_seconds / 4, 1) = {self.marker_period_seconds:g} s plus "
+                f"{MIN_RELEASE_MARGIN_SECONDS:g} s for stage 1 and stage 2), "
+                f"got {self.release_delay:g}"
+            )
+        return self
 
 
 class OutputConfig(_Model):
@@ -751,6 +791,10 @@ class PrivacyConfig(_Model):
     # holds only statistics of that relation, and every release says so
     # (docs/security.md). False (default): a mean is the whole-user mean.
     public_counts: bool = False
+    # What one user may lose across every pipeline (app id) of the ledger topic that
+    # reads one of this pipeline's source topics: checked at worker start against their
+    # latest statements (pipeline/ledger.py). None: their sum is logged as a warning.
+    cross_pipeline_epsilon: float | None = Field(None, gt=0)
 
 
 class PipelineConfig(_Model):
@@ -837,17 +881,26 @@ class PipelineConfig(_Model):
         )
 
     def statistic_parameters(self, stat: StatisticConfig) -> dict[str, object]:
-        """Everything that shapes ``stat``'s noise or sensitivity: its whole definition,
-        the pipeline's relation and the tick length (steps count ticks); for George et
-        al.'s mean, the partitions too (its user cap is split over them; other kinds are
-        the same for any partition count); for the whole-user mean, its mechanism and the
-        sensitivities of its two counters. Its fingerprint is its identity."""
+        """Everything of the config that shapes ``stat``'s noise, its sensitivity or what
+        one user contributes: its whole definition, the pipeline's relation, the tick
+        length (steps count ticks), the privacy unit (``input.user_id_field``) and the
+        noise mode; for George et al.'s mean, the partitions too (its user cap is split
+        over them; other kinds are the same for any partition count); for the whole-user
+        mean, its mechanism and the sensitivities of its two counters. The pipeline adds
+        the resolved mechanism and the algorithms' versions
+        (``pipeline.kinds.identity_parameters``); the fingerprint of the whole is the
+        statistic's identity (docs/design.md section 4a says what is left out, and why)."""
         out: dict[str, object] = {
             "app_id": self.app_id,
             "statistic": stat.model_dump(mode="json", by_alias=True),
             "neighbours": self.privacy.neighbours.value,
             "public_counts": self.privacy.public_counts,
             "interval_seconds": self.ticks.interval_seconds,
+            # The privacy unit: another field is another set of users, each with a fresh
+            # bound inside the same trees.
+            "user_id_field": self.input.user_id_field,
+            # Zero noise and keyed noise are two statistics: no draw is shared between them.
+            "noise_mode": self.noise.mode.value,
         }
         if self.whole_user_mean(stat):
             from dpstream.operators import accounting

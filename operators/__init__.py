@@ -4,15 +4,16 @@ One mechanism per module, each with a frozen Spec built by ``make_<mechanism>``,
 State of plain data, and ``init(spec)`` / ``step(spec, state, x, noise)``. The modules are
 grouped by family, one package each (docs/architecture.md says what each may import):
 
-* ``noise``: exact discrete Laplace noise, its sources, fair bits, releases and error
-  bars, real values on a grid;
-* ``trees``: continual counters (binary, k-ary, expiring trees);
+* ``noise``: exact discrete Laplace and Gaussian noise, their sources, fair bits,
+  releases and exact error bars, real values on a grid;
+* ``trees``: continual counters (binary, k-ary, expiring trees; the square-root
+  factorization with Gaussian noise);
 * ``user_level``: Dong-Luo-Yi's user-level mechanisms (tracker, truncation, count, sum,
   histogram, k-selection, distinct count, deletions);
 * ``selection``: the exponential mechanism and the private median, interval and quantile;
 * ``means``: continual and whole-user running means;
 * ``cells``: per-cell means, pseudo-users, Clip-User and the per-user cell ledger;
-* ``accounting``: the pipeline's privacy statement.
+* ``accounting``: the pipeline's privacy statement, and the zCDP helpers.
 
 ``errors``, ``state_codec`` and ``_validate`` are shared by all of them. ``baselines`` (the
 papers' comparison points, for experiments and tests) is not loaded here.

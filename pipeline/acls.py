@@ -68,10 +68,11 @@ def worker_grants(cfg: PipelineConfig) -> tuple[Grant, ...]:
         ),
         Grant(
             "dpstream's own topics (events, stage 2, the changelogs, Faust's leader topic): "
-            "created at the first start, then written and read",
+            "created at the first start, their timestamp type checked at every start, then "
+            "written and read",
             "topic",
             (own,),
-            ("Read", "Write", "Describe", "Create"),
+            ("Read", "Write", "Describe", "Create", "DescribeConfigs"),
             prefixed=True,
         ),
         Grant(
@@ -83,14 +84,21 @@ def worker_grants(cfg: PipelineConfig) -> tuple[Grant, ...]:
             prefixed=True,
         ),
         Grant(
-            "the release and dead-letter topics: created at the first start, then written",
+            "the release topics: created at the first start, their timestamp type checked "
+            "at every start, then written",
             "topic",
-            (*outputs, cfg.outputs.dead_letter_topic),
+            outputs,
+            ("Write", "Describe", "Create", "DescribeConfigs"),
+        ),
+        Grant(
+            "the dead-letter topic: created at the first start, then written",
+            "topic",
+            (cfg.outputs.dead_letter_topic,),
             ("Write", "Describe", "Create"),
         ),
         Grant(
-            "the ledger: read back and its retention and cleanup policy checked at start, "
-            "created at the first start, then written",
+            "the ledger: its retention, cleanup policy and timestamp type checked and its "
+            "statements read back at start, created at the first start, then written",
             "topic",
             (cfg.outputs.ledger_topic,),
             ("Read", "Write", "Describe", "Create", "DescribeConfigs"),

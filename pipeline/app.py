@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypedDict
 
@@ -19,18 +19,28 @@ import faust
 import orjson
 
 from dpstream.config.schema import PipelineConfig
-from dpstream.operators.noise import NoiseSource
 
 from . import faust_compat
 from .changelog import WINDOW_BYTES, BatchedTable
 from .clients import read_range, tools_group
-from .drivers import Stage1Driver, Stage2Driver
+from .drivers import Refused, Stage1Driver, Stage2Driver
 from .exits import exit_now
 from .ingest import IngestHandle
 from .kafka_security import faust_credentials
-from .records import ENVELOPE, HEADER, TICK, dead_letter, encode_tick, header_kind
+from .keys import PipelineKey
+from .ledger import signed
+from .records import (
+    ENVELOPE,
+    HEADER,
+    RELEASE,
+    TICK,
+    BadRecord,
+    dead_letter,
+    encode_tick,
+    header_kind,
+)
 from .stage1_state import PartitionState, new_partition_state
-from .stage2_state import Stage2State
+from .stage2_state import Stage2State, StatisticRun
 from .stages import Stage2, StatisticChanged
 from .statistic import Report
 
@@ -85,6 +95,12 @@ def stop_if_ingest_ended(ingest: IngestHandle) -> None:
     exit_now()
 
 
+def faust_timestamp(timestamp_ms: int) -> float:
+    """A Kafka timestamp as Faust's ``send(timestamp=...)`` takes it: in seconds, which it
+    turns into ``int(timestamp * 1000)``; half a millisecond more keeps that exact."""
+    return (timestamp_ms + 0.5) / 1000
+
+
 def broker_urls(bootstrap: str, scheme: str = "kafka") -> list[str]:
     return [f"{scheme}://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
 
@@ -99,14 +115,17 @@ class _Codecs(TypedDict):
 def create_app(
     cfg: PipelineConfig,
     bootstrap: str,
-    noise: NoiseSource,
+    key: PipelineKey,
     datadir: Path,
     ingest: IngestHandle | None = None,
+    runs: Mapping[str, StatisticRun] | None = None,
     replicas: int = 1,
 ) -> faust.App:
-    """Build the worker's Faust app for one pipeline definition (``ingest``: the worker's
-    own ingest, watched: the worker stops when it does; ``replicas``: the replication
-    factor of topics Faust would create, as ``topics.ensure_topics`` chose it)."""
+    """Build the worker's Faust app for one pipeline definition: ``key`` draws the noise
+    and signs the ledger entries, ``runs`` are the statistics' runs the ledger states
+    (``ledger.record_statement``), ``ingest`` is the worker's own ingest, watched: the
+    worker stops when it does; ``replicas`` is the replication factor of topics Faust
+    would create (``topics.replication``; ``ensure_topics`` created them all)."""
     partitions = cfg.input.partitions
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
@@ -147,16 +166,27 @@ def create_app(
     faust_compat.watch_recovery(app)
 
     driver1 = Stage1Driver(cfg)
-    driver2 = Stage2Driver(cfg, noise, partitions)
+    driver2 = Stage2Driver(cfg, key.noise, partitions, runs)
     rejected: Counter[str] = Counter()
 
     async def reject(
-        reason: str, partition: int, offset: int, value: bytes | None, index: int | None = None
+        reason: str,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        index: int | None = None,
+        topic: str = cfg.events_topic,
     ) -> Awaitable:
         rejected[reason] += 1
         return await dead_letter_topic.send(
-            value=dead_letter(reason, cfg.events_topic, partition, offset, value, index)
+            value=dead_letter(reason, topic, partition, offset, value, index)
         )
+
+    async def refuse(refused: Refused) -> Awaitable:
+        # An event stage 1's own rules refused: named by its source position, as the
+        # ingest's dead letters are, with the event itself (it can be sent again).
+        rejected[refused.reason] += 1
+        return await dead_letter_topic.send(value=refused.dead_letter())
 
     async def acknowledged(sent: list[Awaitable]) -> None:
         # Faust's send() only enqueues. State that says "sent" (a closed tick, a record
@@ -211,6 +241,7 @@ def create_app(
         entries = stage1_table.for_partition(partition)
         users = stage1_table.for_partition(partition, "u:")
         sent: list[Awaitable] = []
+        refused: list[Refused] = []
         kind = header_kind(headers)
         if kind == TICK:
             if driver1.is_redelivered(pstate, offset):
@@ -229,12 +260,14 @@ def create_app(
             if stage1_table.full:
                 await stage1_table.flush()
                 pstate = stage1_table.get(pkey) or pstate
-            rejected = driver1.on_envelope(pstate, users, partition, offset, value)
+            rejected, refused = driver1.on_envelope(pstate, users, partition, offset, value)
         else:  # only the ingest and the clock write this topic
             fresh = not driver1.is_redelivered(pstate, offset)
             rejected = [(None, "not a dpstream envelope or tick marker")] if fresh else []
         for index, reason in rejected:
             sent.append(await reject(reason, partition, offset, value, index))
+        for event in refused:
+            sent.append(await refuse(event))
         await acknowledged(sent)
         driver1.done(pstate, offset)
         entries[pkey] = pstate
@@ -252,10 +285,26 @@ def create_app(
         stored = stage2_state.get(statistic)
         return None if stored is None else Stage2State.from_json(stored)
 
+    async def handle_stage2(
+        partition: int,
+        offset: int,
+        value: bytes,
+        headers,
+        timestamp_ms: int | None,
+        in_gap: bool = False,
+    ) -> None:
+        # The stage-2 topic holds stage 1's reports and the clock's release markers.
+        if header_kind(headers) == RELEASE:
+            await handle_release(partition, offset, value, timestamp_ms)
+        else:
+            await handle_report(partition, offset, value, in_gap)
+
     async def handle_report(
         partition: int, offset: int, value: bytes, in_gap: bool = False
     ) -> None:
         report = Report.from_json(orjson.loads(value))
+        if not driver2.configured(report):
+            return  # a statistic removed from the configuration: skipped, never stored
         state = stored_stage2_state(report.statistic) or Stage2.new_state()
         start = None if in_gap else driver2.missing_reports(state, report)
         if start is not None:
@@ -272,44 +321,82 @@ def create_app(
                 offset - 1,
             )
             missing = await read_hole(cfg.stage2_topic, partition, start, offset)
-            for at, _, earlier, _ in missing:
-                await handle_report(partition, at, earlier, in_gap=True)
+            for at, headers, earlier, timestamp_ms in missing:
+                await handle_stage2(partition, at, earlier, headers, timestamp_ms, in_gap=True)
             state = stored_stage2_state(report.statistic) or state
         try:
-            releases, ledger = driver2.on_report(state, report, offset)
+            # Closes what every partition has reported; its outputs wait in the state
+            # for their release marker.
+            driver2.on_report(state, report, offset)
         except StatisticChanged as exc:
             # Going on would draw new noise for nodes the old parameters released.
             log.error("%s; stopping", exc)
             raise  # crash_only stops the worker
-        key = report.statistic.encode()
-        sent = [await ledger_topic.send(key=key, value=orjson.dumps(e)) for e in ledger]
-        for release in releases:
-            topic = release_topics[report.statistic]
-            sent.append(await topic.send(key=key, value=orjson.dumps(release)))
-        await acknowledged(sent)
         stage2_state[report.statistic] = state.to_json()
 
-    async def on_report(event: faust.EventT) -> None:
-        await handle_report(event.message.partition, event.message.offset, event.value)
+    async def handle_release(
+        partition: int, offset: int, value: bytes, timestamp_ms: int | None
+    ) -> None:
+        # The release marker of tick t, written by the clock at t's deadline: publish
+        # what this partition's statistics closed up to t, stamped with that deadline,
+        # so that when a release leaves and its timestamp depend on the clock only.
+        try:
+            tick = driver2.release_tick(value, timestamp_ms)
+        except BadRecord as exc:
+            where = cfg.stage2_topic
+            await acknowledged([await reject(exc.reason, partition, offset, value, None, where)])
+            return
+        stamp = faust_timestamp(driver2.deadline_ms(tick))
+        for name in driver2.statistics_of(partition):
+            state = stored_stage2_state(name)
+            if state is None:
+                continue
+            releases, ledger = driver2.on_release(state, tick)
+            if not (releases or ledger):
+                continue
+            name_key, topic = name.encode(), release_topics[name]
+            sent = [
+                await ledger_topic.send(
+                    key=name_key, value=orjson.dumps(signed(e, cfg, key)), timestamp=stamp
+                )
+                for e in ledger
+            ]
+            for release in releases:
+                value = orjson.dumps(release)
+                sent.append(await topic.send(key=name_key, value=value, timestamp=stamp))
+            await acknowledged(sent)
+            stage2_state[name] = state.to_json()
+
+    async def on_stage2(event: faust.EventT) -> None:
+        msg = event.message
+        stamp = int(msg.timestamp * 1000) if msg.timestamp else None
+        await handle_stage2(msg.partition, msg.offset, event.value, msg.headers, stamp)
 
     @app.agent(stage2_topic, name="stage2")
     async def stage2_agent(stream: faust.StreamT) -> None:
-        await crash_only("stage 2", stream, on_report)
+        await crash_only("stage 2", stream, on_stage2)
 
-    interval = cfg.ticks.interval_seconds
-    clock: dict[str, int | None] = {"last": None}
+    interval, delay = cfg.ticks.interval_seconds, cfg.ticks.release_delay
+    clock: dict[bytes, int | None] = {TICK: None, RELEASE: None}
 
-    @app.timer(min(interval / 4, 1.0), on_leader=True)
-    async def public_clock() -> None:
-        # Tick n covers [n*I, (n+1)*I) of Unix time: boundaries depend on the clock only.
-        closed = math.floor(time.time() / interval) - 1
-        first = closed if clock["last"] is None else clock["last"] + 1
-        for tick in range(first, closed + 1):
+    async def write_markers(topic: faust.TopicT, kind: bytes, upto: int) -> None:
+        # Every partition gets each marker; a new leader starts at the current one (a
+        # release marker publishes every tick closed before it, so none is lost).
+        last = clock[kind]
+        for tick in range(upto if last is None else last + 1, upto + 1):
             for partition in range(partitions):
-                await events_topic.send(
-                    value=encode_tick(tick), partition=partition, headers=[(HEADER, TICK)]
+                await topic.send(
+                    value=encode_tick(tick), partition=partition, headers=[(HEADER, kind)]
                 )
-            clock["last"] = tick
+            clock[kind] = tick
+
+    @app.timer(cfg.ticks.marker_period_seconds, on_leader=True)
+    async def public_clock() -> None:
+        now = time.time()
+        # Tick n covers [n*I, (n+1)*I) of Unix time: boundaries depend on the clock only;
+        # its release deadline (n+1)*I + delay too.
+        await write_markers(events_topic, TICK, math.floor(now / interval) - 1)
+        await write_markers(stage2_topic, RELEASE, math.floor((now - delay) / interval) - 1)
 
     @app.timer(1.0)
     async def watch_ingest() -> None:

@@ -21,8 +21,9 @@ user's state (``CellUserState``) keeps at most two groups of aggregates, ``opene
 state grows with the slot's length.
 
 **What stage 1 sends.** At a marker that closes a slot (the slot's last tick, or a marker
-past it after a gap) stage 1 scans its partition's users and sends every (cell, user)
-aggregate of the closing slot(s): count, sum and the first values in arrival order, in
+past it after a gap) stage 1 scans the users of its partition that hold data no close has
+sent (``scan_order``: an index kept in memory, not every user entry) and sends every
+(cell, user) aggregate of the closing slot(s): count, sum and the first values in arrival order, in
 grid units (``UserCellAggregate``). Stage 2 files a slot's data under the slot's last tick
 (``parts``), so a partition that missed markers is not late.
 
@@ -44,8 +45,9 @@ from typing import Any
 from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators.cells import cell_accountant as acct
 from dpstream.operators.cells import cell_mean as cm
-from dpstream.operators.cells import clip_user
+from dpstream.operators.cells import clip_user, pseudo_users
 from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.selection import private_interval, private_quantile
 from dpstream.operators.state_codec import from_json, to_json
 
 from .records import Event
@@ -228,6 +230,12 @@ class CellMeanStatistic:
 
     def redo(self, pstate: Any, redo: Any, partition: int) -> Any:
         return pstate
+
+    def scan_order(self, pstate: Any, ustate: Any) -> int | None:
+        """0 while the user holds data a slot close has not sent (stage 2 sorts users:
+        any order does), None once every close that needed it is past."""
+        user = self._settle(CellUserState.from_json(ustate), CellMarks.from_json(pstate))
+        return None if user.opened is None and user.pending is None else 0
 
     def close_tick(
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any
@@ -463,8 +471,10 @@ class CellMeanStatistic:
             "note": (
                 "Rameshwar et al. per-cell means: each released cell costs epsilon to each user it "
                 "keeps; cells are disjoint, so a user's loss in an accounting epoch is the "
-                "sum over their kept cells (Thm II.3), capped at epoch_cap B; B per epoch "
-                "is what total_epsilon is checked against"
+                "sum over their kept cells (Thm II.3), capped at epoch_cap B; charged, per "
+                "epoch, is what total_epsilon is checked against: B, or 2B for strict cells "
+                "under any_subset (dropping some of a user's events can admit the user into "
+                "cells it was dropped from at the cap)"
             ),
             "counts_public": cells.counts_public,
             "cell_field": cells.field,
@@ -477,6 +487,15 @@ class CellMeanStatistic:
             "step": cells.step,
         }
         return own_caps(entry, start)
+
+
+def algorithm(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
+    modules = [cm, acct, clip_user, pseudo_users, private_interval, private_quantile]
+    return {
+        "mechanism": make_statistic(stat, cfg).mechanism,
+        "versions": {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules},
+    }
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:

@@ -145,7 +145,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(
         f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
         f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
-        f"tick {cfg.ticks.interval_seconds:g}s, noise {cfg.noise.mode.value}"
+        f"tick {cfg.ticks.interval_seconds:g}s (released {cfg.ticks.release_delay:g}s after its "
+        f"end), noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
         print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
@@ -169,20 +170,32 @@ def run_worker(
     from .ingest import IngestHandle
     from .kafka_security import check_connection
     from .ledger import record_statement
-    from .topics import adopt_former_worker_offsets, ensure_topics
-    from .worker_support import load_noise
+    from .topics import (
+        adopt_former_worker_offsets,
+        changelog_topics,
+        ensure_topics,
+        missing_topics,
+        replication,
+    )
+    from .worker_support import load_key
 
-    noise = load_noise(cfg)  # before anything else: no key, no start
+    key = load_key(cfg)  # before anything else: no key, no start
     # A refused password or certificate stops here, with one message naming the setting.
-    check_connection(cfg.kafka, bootstrap)
-    replicas = ensure_topics(cfg, bootstrap)
+    brokers = check_connection(cfg.kafka, bootstrap)
+    ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
+    # A changelog that is gone while the ledger says its statistics released: refused
+    # before the topics are made again (ledger.record_statement).
+    lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
+    # Refuses a statistic changed under its name, another key, a forged ledger, lost
+    # state; the statement (and each statistic's run) goes to the ledger.
+    plan = record_statement(cfg, bootstrap, key, lost_state=lost)
+    ensure_topics(cfg, bootstrap)
     adopt_former_worker_offsets(cfg, bootstrap)
-    # Refuses a statistic changed under its name; the statement goes to the ledger.
-    record_statement(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
     try:
-        app = create_app(cfg, bootstrap, noise, datadir, handle, replicas)
+        replicas, _ = replication(brokers)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
         worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
         worker.execute_from_commandline()
     finally:
@@ -194,13 +207,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     import threading
 
     from .ingest import run_ingest
+    from .topics import ensure_ingest_topics
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
+    # An ingest configured for another partition count would route users to partitions
+    # whose stage 1 does not own them: refused here, before it reads anything.
+    ensure_ingest_topics(cfg, bootstrap)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    cfg = load_config(args.config)
-    run_ingest(cfg, connected(cfg, args.bootstrap), stop)
+    run_ingest(cfg, bootstrap, stop)
     return 0
 
 
@@ -228,11 +246,12 @@ def _jsonl(path: str):
 def cmd_produce(args: argparse.Namespace) -> int:
     from .clients import make_producer, produce_events
     from .synthetic import synthetic_events
-    from .topics import ensure_sources
+    from .topics import ensure_topics
 
     cfg = load_config(args.config)
     bootstrap = connected(cfg, args.bootstrap)
-    ensure_sources(cfg, bootstrap)
+    # The source topics only: a producer needs no right on dpstream's own.
+    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
     if args.events:
         events = list(_jsonl(args.events))
     else:
@@ -286,25 +305,66 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_file
-    from .worker_support import load_noise
+    from .worker_support import load_key
 
     cfg = load_config(args.config)
-    for line in replay_file(cfg, args.events, load_noise(cfg)):
+    for line in replay_file(cfg, args.events, load_key(cfg), unverified=args.unverified):
         sys.stdout.write(line.decode() + "\n")
     return 0
 
 
 def cmd_export_log(args: argparse.Namespace) -> int:
-    from .clients import export_log
+    from .export import export_log
+    from .worker_support import load_key
 
     cfg = load_config(args.config)
+    try:
+        key = load_key(cfg)
+    except ConfigError as exc:
+        # Without the key the log has no MAC: a keyed replay of it needs --unverified.
+        print(f"dpstream: {exc}; the log is written without its MAC", file=sys.stderr)
+        key = None
     out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in export_log(cfg, connected(cfg, args.bootstrap)):
+        for line in export_log(cfg, connected(cfg, args.bootstrap), key):
             out.write(line + b"\n")
     finally:
         if args.out:
             out.close()
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from .ledger import history_of, plan, read_records, record_statement, runs_of
+    from .worker_support import load_key
+
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
+    key = load_key(cfg)
+    if args.charge_again:
+        adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
+        for name in args.charge_again:
+            print(f"{name}: new run {adopted.runs[name].run_id} (the old run stays charged)")
+        for line in adopted.statement.describe():
+            print(line)
+        return 0
+    history = history_of(cfg, read_records(cfg, bootstrap), key)
+    runs, retired, _ = runs_of(history.statements)
+    print(f"ledger {cfg.outputs.ledger_topic}, app_id {cfg.app_id}:")
+    for entry in history.statements:
+        print(
+            f"  statement: {', '.join(entry['identities'])} -> one user can lose at most "
+            f"{entry['per_user_total']:g} of total_epsilon={entry['total_epsilon']:g}"
+        )
+    for name, run in sorted(runs.items()):
+        spent = "" if run.charge is None else f" charged {float(run.charge.epsilon):g}"
+        start = history.starts.get((name, run.run_id))
+        since = "not released yet" if start is None else f"released from tick {start}"
+        print(f"  {name}: run {run.run_id}{spent}, {since}")
+    for (name, run_id), charge in sorted(retired.items()):
+        print(f"  {name} (retired run {run_id}): {float(charge.epsilon):g}")
+    for line in plan(cfg, history, key).statement.describe():
+        print(f"  {line}")
     return 0
 
 
@@ -385,7 +445,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
     p.add_argument("--config", required=True)
     p.add_argument("--events", required=True, help='JSONL log with {"tick": n} markers')
+    p.add_argument(
+        "--unverified",
+        action="store_true",
+        help="replay a log this pipeline did not export with its key: the output is as "
+        "sensitive as the key (docs/security.md)",
+    )
     p.set_defaults(func=cmd_replay)
+
+    p = with_config(sub.add_parser("ledger", help="the ledger: what was spent, and runs"))
+    p.add_argument(
+        "--charge-again",
+        nargs="+",
+        metavar="STATISTIC",
+        help="begin these statistics anew (their state was lost): the old runs stay "
+        "charged and the new ones are charged too",
+    )
+    p.set_defaults(func=cmd_ledger)
 
     p = with_config(sub.add_parser("export-log", help="write the events topic as a replay log"))
     p.add_argument("--out", help="output file (default: stdout)")

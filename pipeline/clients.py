@@ -1,31 +1,17 @@
-"""confluent-kafka tools: the project's producer (single events and batch envelopes),
-the events-topic export for replay, and a release reader."""
+"""confluent-kafka tools: the project's producer (single events and batch envelopes), topic
+readers, and a release reader."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
-from .drivers import Stage1Driver
 from .kafka_security import confluent_config
-from .records import (
-    BATCH,
-    ENVELOPE,
-    HEADER,
-    TICK,
-    BadRecord,
-    check_marker_time,
-    decode_envelope,
-    decode_tick,
-    event_json,
-    header_kind,
-)
-from .stage1_state import new_partition_state
+from .records import BATCH, HEADER
 from .topics import group_id
 
 
@@ -168,51 +154,6 @@ def read_range(
                 return out
     finally:
         consumer.close()
-
-
-def export_log(cfg: PipelineConfig, bootstrap: str) -> Iterator[bytes]:
-    """dpstream's events topic as a replay log (see ``replay.py``): the events stage 1
-    counts (each source event once, ``Stage1Driver.unseen``), grouped into the ticks that
-    closed in every partition, each tick ended by a marker."""
-    partitions = cfg.input.partitions
-    per_partition = read_topic(
-        bootstrap, cfg.events_topic, partitions, security=cfg.kafka, group=tools_group(cfg)
-    )
-    ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> counted events
-    firsts: list[int] = []
-    lasts: list[int] = []
-    for p in range(partitions):
-        by_tick: dict[int, list[dict]] = defaultdict(list)
-        buffered: list[dict] = []
-        positions = new_partition_state()  # only its sources: what unseen has counted
-        first = last = None
-        for _, headers, value, timestamp in per_partition[p]:
-            kind = header_kind(headers)
-            try:
-                if kind == TICK:
-                    tick = decode_tick(value or b"")
-                    check_marker_time(tick, cfg.ticks.interval_seconds, timestamp)
-                    if last is not None and tick <= last:
-                        continue
-                    by_tick[tick] = buffered
-                    buffered = []
-                    first = tick if first is None else first
-                    last = tick
-                elif kind == ENVELOPE:
-                    events = Stage1Driver.unseen(positions, decode_envelope(value))
-                    buffered += [event_json(e) for e in events]
-            except BadRecord:
-                continue
-        if first is None or last is None:  # both set at a partition's first closed tick
-            return  # a partition without a closed tick: nothing has been released yet
-        ticks.append(by_tick)
-        firsts.append(first)
-        lasts.append(last)
-    for tick in range(min(firsts), min(lasts) + 1):
-        for p in range(partitions):
-            for event in ticks[p].get(tick, ()):
-                yield orjson.dumps(event)
-        yield orjson.dumps({"tick": tick})
 
 
 def tools_group(cfg: PipelineConfig) -> str:

@@ -24,6 +24,7 @@ from dpstream.operators.user_level import (
     deletions,
     distinct_count,
     k_selection,
+    svt,
     truncation,
 )
 
@@ -41,6 +42,25 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
     if stat.user_level:
         return user_level_counter_for(stat, relation == Neighbours.any_subset)
     return counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
+
+
+def algorithm(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """What runs ``stat``, for its fingerprint: the mechanism as resolved (``mechanism:
+    auto`` names the tree and k it chose) and the version of every algorithm it uses."""
+    relation = cfg.privacy.neighbours.value
+    out: dict[str, object]
+    if stat.user_level:
+        built = user_level_counter_for(stat, relation == Neighbours.any_subset)
+        out = {"mechanism": built.mechanism}
+        modules = [ul, svt, deletions, distinct_count, k_selection, tree_counter]
+    else:
+        counter = counter_for(stat, accounting.sensitivity_multiplier(relation) * stat.fixed_tau)
+        out = {"mechanism": counter.mechanism}
+        if isinstance(counter.spec, kary_tree.KaryTreeSpec):
+            out["k"] = counter.spec.k
+        modules = [truncation, tree_counter, kary_tree, expiring_tree]
+    out["versions"] = {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules}
+    return out
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
@@ -116,6 +136,7 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
             stat.kind,
             truncation.make_truncation(stat.fixed_tau),
             stat.deletions,
+            max_value=_value_bound(stat),
         ),
     )
     mechanism, k = stat.mechanism, stat.k
@@ -154,6 +175,11 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> C
             privacy_loss=lambda d: expiring_tree.privacy_loss(expiring, d),
         )
     raise ValueError(f"unknown mechanism {mechanism!r}")  # the config schema rules this out
+
+
+def _value_bound(stat: StatisticConfig) -> int | None:
+    """R of a kind whose values are integers in [1, R] (``max_value`` or ``bins``)."""
+    return stat.max_value if stat.max_value is not None else stat.bins
 
 
 def _required(value: Param | None, name: str, needed_by: str) -> Param:
@@ -220,7 +246,9 @@ class UserLevelCounter(WeightsStage2):
     @property
     def counting(self) -> UnitCounting:
         stat = self.stat
-        return UnitCounting(stat.name, stat.key, stat.kind, None, stat.deletions)
+        return UnitCounting(
+            stat.name, stat.key, stat.kind, None, stat.deletions, max_value=_value_bound(stat)
+        )
 
     def step(self, state: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         """Advance one tick: the release and, when the tracker or instance series spent

@@ -55,6 +55,10 @@ class UnitCounting:
     fixed: truncation.TruncationSpec | None  # None: user-level (rank bands) or a mean
     deletions: bool
     mean: wum.WholeUserMeanSpec | None = None  # the whole-user mean (its own first-m cap)
+    # R: a sum's max_value, a histogram's or kselect's bins. Values are clamped to [0, R]
+    # where they become units or columns, whatever reached stage 1 (the checks keep
+    # out-of-range values from reaching it: this is the bound where it is used).
+    max_value: int | None = None
 
     @property
     def columnar(self) -> bool:
@@ -103,7 +107,7 @@ class UnitCounting:
         """
         if self.mean is not None:
             return 1, mean_weights(self.mean, used, event.value)  # type: ignore[arg-type]
-        units = int(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
+        units = self._clamped(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
         if self.fixed is not None:
             kept = truncation.admit(self.fixed, used, units)
             return units, ({KEPT_UNITS: kept} if kept else {})
@@ -111,11 +115,23 @@ class UnitCounting:
         if self.kind == "distinct":
             out[distinct_key(ul.rank_band(used + 1), event.value)] = 1
             return units, out
-        column = int(event.value) - 1 if self.kind in ("histogram", "kselect") else 0  # type: ignore[arg-type]
+        binned = self.kind in ("histogram", "kselect")
+        column = max(self._clamped(event.value) - 1, 0) if binned else 0  # type: ignore[arg-type]
         for band, n in ul.band_units(used, units):
             key = band_key(stream, band, column)
             out[key] = out.get(key, 0) + n
         return units, out
+
+    @property
+    def bound(self) -> int:
+        """R, which the config schema requires of the kinds that have one."""
+        if self.max_value is None:
+            raise ValueError(f"statistic {self.name}: kind {self.kind} has no max_value or bins")
+        return self.max_value
+
+    def _clamped(self, value: float) -> int:
+        """int(value) clamped to [0, R]."""
+        return min(max(int(value), 0), self.bound)
 
 
 def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple[str, int, int]]:
@@ -173,8 +189,10 @@ class UnitColumns:
                 if stat.key not in batch.keys:
                     continue
                 mask = mask & (batch.key == batch.keys.index(stat.key))
-            if stat.kind == "sum":  # int(value), as the definition; exact below 2^53
-                weights = batch.value[mask].astype(np.int64).astype(np.float64)
+            if stat.kind == "sum":  # int(value) in [0, R], as the definition
+                # fmax first: NaN (no value) and negatives become 0, then at most R.
+                values = np.fmin(np.fmax(batch.value[mask], 0.0), stat.bound)
+                weights = values.astype(np.int64).astype(np.float64)
                 totals = np.bincount(rows[mask], weights=weights, minlength=users)
                 out[:, column] = totals.astype(np.int64)
             else:

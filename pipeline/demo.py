@@ -20,7 +20,8 @@ import yaml
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy.broker import kafka_broker
 
-from .clients import export_log, make_producer, produce_events, read_releases
+from .clients import make_producer, produce_events, read_releases
+from .export import export_log
 from .replay import replay
 from .synthetic import synthetic_events
 from .topics import ensure_topics
@@ -148,6 +149,8 @@ def _truth(cfg: PipelineConfig, bootstrap: str) -> dict[str, dict[int, tuple[int
     out: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
     for line in log_lines:
         obj = orjson.loads(line)
+        if "user_id" not in obj and "tick" not in obj:
+            continue  # the log's header
         if "tick" in obj and "user_id" not in obj:
             for s in cfg.statistics:
                 out[s.name][obj["tick"]] = (

@@ -35,7 +35,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypedDict
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dpstream.config.schema import PipelineConfig
@@ -51,9 +50,10 @@ from .records import (
     dead_letter,
     decode_events,
     encode_envelope,
-    event_json,
+    event_dead_letter,
     header_kind,
     partition_for,
+    rules_fingerprint,
     source_id,
 )
 from .topics import group_id
@@ -105,7 +105,9 @@ class _Partition(TypedDict, total=False):
 
 def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> Routed:
     """Validate the records' events and group them by (source partition, events partition)
-    in source order; bad records and events become dead letters."""
+    in source order; bad records and events become dead letters. Each envelope carries
+    the fingerprint of ``limits`` and ``partitions`` (stage 1 counts only envelopes made
+    under its own)."""
     # Per (source partition, events partition), in order of first event: offsets,
     # indexes, events. The hot loop keeps its lookups local and builds no tuple per event:
     # a few hundred ns per event is a third of the ingest.
@@ -145,13 +147,13 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
             group[1].append(n if indexes is None else indexes[n])
             group[2].append(event)
         out.events += len(events)
+    rules = rules_fingerprint(limits, partitions)
     for topic, source_partition, partition, (offsets, indexes, events) in columns:
         source = source_id(topic, source_partition)
         for start in range(0, len(events), ENVELOPE_EVENTS):
             end = start + ENVELOPE_EVENTS
-            _add_envelopes(
-                out, source, partition, offsets[start:end], indexes[start:end], events[start:end]
-            )
+            where = (source, partition, rules)
+            _add_envelopes(out, where, offsets[start:end], indexes[start:end], events[start:end])
     return out
 
 
@@ -195,30 +197,29 @@ def _reject(out: Routed, record: SourceRecord, bad: _Bad) -> None:
 
 def _add_envelopes(
     out: Routed,
-    source: str,
-    partition: int,
+    where: tuple[str, int, str],
     offsets: list[int],
     indexes: list[int],
     events: list[Event],
 ) -> None:
     """One envelope, or halves of it until each is at most ENVELOPE_BYTES (long user ids,
-    keys or cell keys make events large); an event too large alone is dead-lettered."""
-    value = encode_envelope(source, offsets, indexes, events)
+    keys or cell keys make events large); an event too large alone is dead-lettered.
+    ``where``: the source, the events partition and the rules fingerprint."""
+    source, partition, rules = where
+    value = encode_envelope(source, offsets, indexes, events, rules=rules)
     if len(value) <= ENVELOPE_BYTES:
         out.envelopes.append((partition, value))
     elif len(events) == 1:
-        topic, _, source_partition = source.rpartition("/")
-        event = orjson.dumps(event_json(events[0]))
         reason = "event too large for the events topic"
         out.reasons.append(reason)
         out.dead_letters.append(
-            dead_letter(reason, topic, int(source_partition), offsets[0], event, indexes[0])
+            event_dead_letter(reason, source, offsets[0], indexes[0], events[0])
         )
         out.events -= 1
     else:
         half = len(events) // 2
         for part in (slice(0, half), slice(half, None)):
-            _add_envelopes(out, source, partition, offsets[part], indexes[part], events[part])
+            _add_envelopes(out, where, offsets[part], indexes[part], events[part])
 
 
 def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:

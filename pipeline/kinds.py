@@ -23,6 +23,8 @@ from functools import cache
 from types import ModuleType
 
 from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
+from dpstream.operators import accounting
+from dpstream.operators.noise import discrete_laplace
 
 from .records import ValueRule
 from .statistic import Statistic
@@ -42,6 +44,22 @@ def statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (its cost is the privacy statement's)."""
     return implementation(stat.kind).describe(stat, cfg)
+
+
+def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """Everything that shapes ``stat``'s noise or what one user contributes: the config's
+    part (``PipelineConfig.statistic_parameters``), the mechanism as its implementation
+    resolves it (``mechanism: auto``'s tree and k) with the versions of the algorithms it
+    runs, and the noise sampler's version. Its fingerprint is the statistic's identity."""
+    params = cfg.statistic_parameters(stat)
+    params["algorithm"] = implementation(stat.kind).algorithm(stat, cfg)
+    params["noise_sampler"] = discrete_laplace.VERSION
+    return params
+
+
+def fingerprint(stat: StatisticConfig, cfg: PipelineConfig) -> str:
+    """``stat``'s identity (``operators.accounting.fingerprint`` of its parameters)."""
+    return accounting.fingerprint(identity_parameters(stat, cfg))
 
 
 def value_rule(stat: StatisticConfig) -> ValueRule:

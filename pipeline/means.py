@@ -24,8 +24,10 @@ from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
 from dpstream.operators.means import continual_mean as cm
 from dpstream.operators.means import whole_user_mean as wum
-from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.noise import NoiseSource, interval, snapping
+from dpstream.operators.selection import private_median
 from dpstream.operators.state_codec import from_json, to_json
+from dpstream.operators.trees import binary_mechanism, tree_counter
 
 from .counting import UnitCounting
 from .records import Event
@@ -190,6 +192,12 @@ class ContinualMeanStatistic:
             part, _ = cm.admit(self.spec, part)
         return to_json(cm.absorb(self.spec, part, record.effects))
 
+    def scan_order(self, pstate: Any, ustate: Any) -> int | None:
+        """The user's admission rank: a median histogram packs the admitted users' samples
+        in rank order (``continual_mean.median_histograms``); None for a user over the cap."""
+        rank: int = ustate["rank"]  # state_codec's form of a UserState: its fields by name
+        return rank if rank >= 0 else None
+
     def close_tick(
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Any
     ) -> tuple[Any, Any]:
@@ -253,6 +261,18 @@ def make_statistic(
     if cfg.privacy.public_counts:
         return ContinualMeanStatistic.of(stat, cfg)
     return WholeUserMeanStatistic.of(stat, cfg)
+
+
+def algorithm(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
+    if cfg.privacy.public_counts:
+        modules = [cm, private_median, binary_mechanism]
+    else:
+        modules = [wum, snapping, tree_counter]
+    return {
+        "mechanism": make_statistic(stat, cfg).mechanism,
+        "versions": {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules},
+    }
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:

@@ -14,9 +14,17 @@ A source record (the user's topic, read by the ingest, ``ingest.py``) is one of:
 dpstream's events topic (written by the ingest and the clock only) holds
   * envelopes (header ``dpstream: envelope``): the validated events of one source
     partition whose users hash (murmur2) to the record's partition, in source order,
-    columnar for stage 1 (``encode_envelope``);
+    columnar for stage 1 (``encode_envelope``), with the fingerprint of the rules they
+    were validated and routed under (``rules_fingerprint``), which stage 1 checks along
+    with each event (``refused_rows``);
   * tick markers (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
     clock into every partition. Events between markers n-1 and n belong to tick n.
+
+dpstream's stage-2 topic (written by stage 1 and the clock only) holds stage 1's reports
+(no header, ``statistic.Report``) and release markers (header ``dpstream: release``):
+``{"tick": n}``, written by the leader's clock into every partition once tick n's release
+deadline has passed (``release_deadline_ms``); stage 2 publishes what it closed up to
+tick n then, stamped with that deadline.
 
 A bad source record or event is rejected with a reason and goes to the dead-letter topic.
 Reasons name the problem, never the raw value (user ids and payloads stay out of logs).
@@ -25,6 +33,7 @@ Reasons name the problem, never the raw value (user ids and payloads stay out of
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +45,7 @@ from aiokafka.partitioner import murmur2
 
 HEADER = "dpstream"
 TICK = b"tick"
+RELEASE = b"release"
 BATCH = b"batch"
 ENVELOPE = b"envelope"
 
@@ -95,6 +105,48 @@ class Limits:
     # key -> _value_plan(...) for an insert and for a delete: which rules apply to such an
     # event, computed once.
     plans: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+RULES_DOMAIN = b"dpstream-envelope-rules-v1\0"
+
+
+def rules_fingerprint(limits: Limits, partitions: int) -> str:
+    """A short hash of everything that decides whether an event is accepted and where it
+    goes: the value rules, the known keys, the cell fields and their limit, the user id's
+    path and length limit (``limits``), and the events topic's partition count.
+
+    The ingest writes it into every envelope; stage 1 counts only envelopes made under its
+    own (docs/design.md, section 2a). Statistic names are left out (they name the reasons,
+    and a rule's order only picks which reason): renaming a statistic or reordering the
+    statistics is not a change of rules. ``max_record_bytes`` is left out too: it bounds a
+    source record, which stage 1 never sees, not what an event may contribute.
+    """
+    rules = {
+        orjson.dumps(
+            [
+                r.key,
+                r.needs_value,
+                r.max_value,
+                r.deletions,
+                r.cell_field,
+                None if r.cell_keys is None else sorted(r.cell_keys),
+            ]
+        ).decode()
+        for r in limits.value_rules
+    }
+    canonical = orjson.dumps(
+        {
+            "rules": sorted(rules),
+            "known_keys": None if limits.known_keys is None else sorted(limits.known_keys),
+            "cell_fields": sorted(limits.cell_fields),
+            "max_cell_key_length": limits.max_cell_key_length,
+            "user_id_path": list(limits.user_id_path),
+            "max_user_id_length": limits.max_user_id_length,
+            "partitions": partitions,
+        },
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(RULES_DOMAIN + canonical).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # ~10 MB at most
@@ -242,33 +294,47 @@ def _loads(value: bytes) -> object:
         raise BadRecord("malformed JSON") from None
 
 
-# A marker is written by the leader's clock right after its tick ends; the broker stamps
-# it (the events topic uses LogAppendTime). One that claims a tick not yet ended, or one
-# long over, is not the clock's: anyone who may write events could write it.
+# A marker is written by the leader's clock right after its time (a tick's end, a release
+# deadline); the broker stamps it (the events and stage-2 topics use LogAppendTime). One
+# that claims a time not yet come, or one long over, is not the clock's: anyone who may
+# write the topic could write it.
 MARKER_CLOCK_SKEW_SECONDS = 2.0
 MARKER_MAX_AGE_SECONDS = 300.0
 
 
-def check_marker_time(tick: int, interval: float, timestamp_ms: int | None) -> None:
-    """Raise BadRecord unless tick marker ``tick`` was appended after its tick ended and
-    not long after (``timestamp_ms``: the record's broker timestamp; None skips)."""
+def release_deadline_ms(tick: int, interval: float, delay: float) -> int:
+    """Tick ``tick``'s release deadline, tick end + ``delay``, in whole milliseconds (a
+    Kafka timestamp): its releases' record timestamp."""
+    return round(((tick + 1) * interval + delay) * 1000)
+
+
+def check_marker_time(
+    tick: int,
+    interval: float,
+    timestamp_ms: int | None,
+    delay: float = 0.0,
+    what: str = "tick marker",
+) -> None:
+    """Raise BadRecord unless marker ``tick`` was appended after its time, the tick's end
+    plus ``delay`` (a release marker's: the release delay), and not long after
+    (``timestamp_ms``: the record's broker timestamp; None skips)."""
     if timestamp_ms is None or timestamp_ms <= 0:
         return
-    appended, end = timestamp_ms / 1000, (tick + 1) * interval
-    if end > appended + MARKER_CLOCK_SKEW_SECONDS:
-        raise BadRecord("tick marker from the future")
-    if appended - end > max(MARKER_MAX_AGE_SECONDS, 10 * interval):
-        raise BadRecord("tick marker too old")
+    appended, due = timestamp_ms / 1000, (tick + 1) * interval + delay
+    if due > appended + MARKER_CLOCK_SKEW_SECONDS:
+        raise BadRecord(f"{what} from the future")
+    if appended - due > max(MARKER_MAX_AGE_SECONDS, 10 * interval):
+        raise BadRecord(f"{what} too old")
 
 
-def decode_tick(value: bytes) -> int:
+def decode_tick(value: bytes, what: str = "tick marker") -> int:
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError:
-        raise BadRecord("malformed tick marker") from None
+        raise BadRecord(f"malformed {what}") from None
     tick = obj.get("tick") if isinstance(obj, dict) else None
     if isinstance(tick, bool) or not isinstance(tick, int) or tick < 0:
-        raise BadRecord("malformed tick marker")
+        raise BadRecord(f"malformed {what}")
     return tick
 
 
@@ -342,6 +408,15 @@ def dead_letter(
     return orjson.dumps(record)
 
 
+def event_dead_letter(reason: str, source: str, offset: int, index: int, event: Event) -> bytes:
+    """The dead letter of a validated event, named by its source position (``source``:
+    "<topic>/<partition>", as ``source_id`` writes it), its canonical JSON as the payload
+    (it can be produced again as it is)."""
+    topic, _, partition = source.rpartition("/")
+    payload = orjson.dumps(event_json(event))
+    return dead_letter(reason, topic, int(partition), offset, payload, index)
+
+
 Position = tuple[int, int]
 """Where an event was in its source partition: (record offset, index in a batch record)."""
 
@@ -413,6 +488,22 @@ class Batch:
             cells,
         )
 
+    def take(self, keep: np.ndarray) -> Batch:
+        """The events of the rows where ``keep`` (bool per event) is true."""
+        cells = tuple(
+            (a, [c for c, k in zip(column, keep.tolist(), strict=True) if k])
+            for a, column in self.cells
+        )
+        return Batch(
+            self.user_ids,
+            self.user[keep],
+            self.keys,
+            self.key[keep],
+            self.value[keep],
+            self.delete[keep],
+            cells,
+        )
+
     @classmethod
     def of(cls, events: Iterable[Event]) -> Batch:
         """The columns of ``events`` (a list of ``Event``s or already a ``Batch``)."""
@@ -444,6 +535,7 @@ class Envelope:
     offsets: list[int]
     indexes: list[int]
     batch: Batch
+    rules: str | None = None  # the ingest's ``rules_fingerprint`` (None: the envelope has none)
 
     @property
     def events(self) -> list[Event]:
@@ -458,10 +550,11 @@ def source_id(topic: str, partition: int) -> str:
 
 
 def encode_envelope(
-    source: str, offsets: list[int], indexes: list[int], events: list[Event]
+    source: str, offsets: list[int], indexes: list[int], events: list[Event], *, rules: str
 ) -> bytes:
     """Columns, so that stage 1 reads an envelope into numpy arrays without a Python
-    object per event: "s" the source, "o" offsets, "U" the distinct user ids and "x" each
+    object per event: "s" the source, "r" the rules the events were validated and routed
+    under (``rules_fingerprint``), "o" offsets, "U" the distinct user ids and "x" each
     event's index in "U", and only where some event has one: "i" indexes, "K" the
     distinct keys and "y" each event's index in "K" (-1: none), "v" values, "d" the
     positions of deletions, "c" cell keys per attribute."""
@@ -479,7 +572,7 @@ def encode_envelope(
             deletes.append(n)
         if e.cells:
             has_cells = True
-    out: dict[str, object] = {"s": source, "o": offsets, "U": list(users), "x": x}
+    out: dict[str, object] = {"s": source, "r": rules, "o": offsets, "U": list(users), "x": x}
     if any(indexes):
         out["i"] = indexes
     if len(keys) > 1:
@@ -559,13 +652,17 @@ def _factorized(column: list) -> tuple[list, np.ndarray]:
 
 
 def decode_envelope(value: bytes | None) -> Envelope:
-    """An envelope written by ``encode_envelope``; BadRecord when it is not one. Its
-    events were validated by the ingest: only the shape is checked here (in numpy)."""
+    """An envelope written by ``encode_envelope``; BadRecord when it is not one. Only the
+    shape is checked here (in numpy); stage 1 checks the events against its own rules
+    (``refused_rows``)."""
     try:
         obj = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
         raise BadRecord("malformed envelope") from None
     if type(obj) is not dict or type(obj.get("s")) is not str or type(obj.get("o")) is not list:
+        raise BadRecord("malformed envelope")
+    rules = obj.get("r")
+    if rules is not None and type(rules) is not str:
         raise BadRecord("malformed envelope")
     offsets = obj["o"]
     n = len(offsets)
@@ -604,6 +701,164 @@ def decode_envelope(value: bytes | None) -> Envelope:
     if not later.all():
         raise BadRecord("malformed envelope")  # not in source order
     indexes = obj["i"] if "i" in obj else [0] * n
-    return Envelope(
-        obj["s"], offsets, indexes, Batch(user_ids, user, keys, key, value_column, delete, cells)
-    )
+    batch = Batch(user_ids, user, keys, key, value_column, delete, cells)
+    return Envelope(obj["s"], offsets, indexes, batch, rules)
+
+
+def refused_rows(
+    batch: Batch, limits: Limits, partition: int, partitions: int
+) -> list[tuple[int, str]]:
+    """(row, reason) of each event of ``batch`` that an ingest under ``limits`` would not
+    have sent to events partition ``partition`` of ``partitions``, in row order: the
+    reason ``parse_event`` gives (its first failed check) or, for an event it accepts
+    whose user belongs to another partition, that partition.
+
+    Stage 1's check of envelopes it did not make (docs/design.md, section 2a): numpy masks
+    over the columns, and Python per distinct user, key and cell key; nothing per event
+    unless some event fails."""
+    if not len(batch):
+        return []
+    failures: list[tuple[np.ndarray, str]] = []  # (rows, reason) of each failed check
+    _user_failures(batch, limits, failures)
+    _key_failures(batch, limits, failures)
+    cells = {attr: np.array(column, dtype=object) for attr, column in batch.cells}
+    for attr in limits.cell_fields:
+        if attr in cells:
+            _cell_key_failures(attr, cells[attr], limits.max_cell_key_length, failures)
+    _rule_failures(batch, limits.value_rules, cells, failures)
+    routed = [partition_for(u, partitions) for u in batch.user_ids]
+    if routed.count(partition) != len(routed):
+        reasons = [
+            None
+            if p == partition
+            else f"user belongs to partition {p} of {partitions}, not {partition}"
+            for p in routed
+        ]
+        _by_user(batch.user, reasons, failures)
+    if not failures:
+        return []
+    first = np.full(len(batch), len(failures), dtype=np.int64)
+    for n, (mask, _) in reversed(list(enumerate(failures))):
+        first[mask] = n  # the earliest failed check wins: parse_event's order
+    rows = np.flatnonzero(first < len(failures))
+    return [
+        (row, failures[n][1]) for row, n in zip(rows.tolist(), first[rows].tolist(), strict=True)
+    ]
+
+
+_Failures = list[tuple[np.ndarray, str]]
+
+
+def _failed(mask: np.ndarray, reason: str, failures: _Failures) -> None:
+    if np.count_nonzero(mask):  # a sixth of ndarray.any()'s cost on small arrays
+        failures.append((mask, reason))
+
+
+def _user_failures(batch: Batch, limits: Limits, failures: _Failures) -> None:
+    """``parse_event``'s checks of the user id (never blank nor too long)."""
+    users, name, longest = batch.user_ids, ".".join(limits.user_id_path), limits.max_user_id_length
+    if max(map(len, users)) <= longest and all(map(str.strip, users)):
+        return
+    reasons = [
+        f"empty {name}" if not u.strip() else f"{name} too long" if len(u) > longest else None
+        for u in users
+    ]
+    _by_user(batch.user, reasons, failures)
+
+
+def _by_user(user: np.ndarray, reasons: list[str | None], failures: _Failures) -> None:
+    """The rows of the users with a reason (``reasons``: per user index), by reason."""
+    by_reason: dict[str, list[int]] = {}
+    for u, reason in enumerate(reasons):
+        if reason is not None:
+            by_reason.setdefault(reason, []).append(u)
+    for reason, which in by_reason.items():
+        _failed(np.isin(user, which), reason, failures)
+
+
+def _key_failures(batch: Batch, limits: Limits, failures: _Failures) -> None:
+    """``parse_event``'s check that some statistic counts the event's key."""
+    if limits.known_keys is None:
+        return
+    _failed(batch.key < 0, "missing key", failures)
+    unknown = [k for k, key in enumerate(batch.keys) if key not in limits.known_keys]
+    if unknown:
+        _failed(np.isin(batch.key, unknown), "unknown statistic key", failures)
+
+
+def _cell_key_failures(attr: str, column: np.ndarray, longest: int, failures: _Failures) -> None:
+    """``parse_event``'s checks of a cell attribute's keys (a string, never blank nor
+    longer than ``longest``); ``column``: the keys, None where an event has none."""
+    distinct = set(column.tolist()) - {None}
+    blank = [c for c in distinct if not c.strip()]
+    long = [c for c in distinct if c.strip() and len(c) > longest]
+    for bad, reason in ((blank, f"empty {attr}"), (long, f"{attr} too long")):
+        if bad:
+            failures.append((np.isin(column, bad), reason))
+
+
+def _rule_failures(
+    batch: Batch, rules: tuple[ValueRule, ...], cells: dict[str, np.ndarray], failures: _Failures
+) -> None:
+    """``_check_values`` of every rule over the events it applies to (by key and op),
+    then the deletions no statistic with deletions counts (``_value_plan``)."""
+    value, delete = batch.value, batch.delete
+    deletes = bool(np.count_nonzero(delete))
+    deletable = np.zeros(len(batch), dtype=bool) if deletes else delete
+    for rule in rules:
+        if not rule.needs_value and not (deletes and rule.deletions):
+            continue  # it checks nothing here
+        if rule.key is None:
+            match = None  # every event
+        elif rule.key in batch.keys:
+            match = batch.key == batch.keys.index(rule.key)
+        else:
+            continue  # no event of the batch has its key
+        if deletes and rule.deletions:
+            deletable = deletable | (True if match is None else match)
+        if not rule.needs_value:
+            continue
+        if deletes and not rule.deletions:
+            applies = ~delete if match is None else match & ~delete
+        else:
+            applies = match
+        _value_failures(rule, value, applies, cells, failures)
+    if deletes:
+        reason = "op delete: no statistic with deletions counts this event"
+        _failed(delete & ~deletable, reason, failures)
+
+
+def _value_failures(
+    rule: ValueRule,
+    value: np.ndarray,
+    applies: np.ndarray | None,
+    cells: dict[str, np.ndarray],
+    failures: _Failures,
+) -> None:
+    """One rule's checks of the values (and cell keys) of the events it applies to
+    (``applies``; None: every event)."""
+
+    def where(mask: np.ndarray) -> np.ndarray:
+        return mask if applies is None else applies & mask
+
+    statistic = rule.statistic
+    if rule.max_value is None:
+        _failed(where(np.isnan(value)), f"missing value (statistic {statistic})", failures)
+    else:
+        bad = where(~((value >= 1) & (value <= rule.max_value) & (value == np.trunc(value))))
+        if np.count_nonzero(bad):  # NaN (no value) is not integral; then integral, out of range
+            reason = f"value is not an integer (statistic {statistic})"
+            _failed(where(value != np.trunc(value)), reason, failures)
+            reason = f"value outside [1, {rule.max_value}] (statistic {statistic})"
+            failures.append((bad, reason))
+    if rule.cell_field is None:
+        return
+    attr = rule.cell_field
+    column = cells.get(attr)
+    absent = np.ones(len(value), dtype=bool) if column is None else column == None  # noqa: E711
+    _failed(where(absent), f"missing {attr} (statistic {statistic})", failures)
+    if column is not None and rule.cell_keys is not None:
+        foreign = set(column.tolist()) - rule.cell_keys - {None}
+        if foreign:
+            reason = f"{attr} not in cells.keys (statistic {statistic})"
+            _failed(where(np.isin(column, list(foreign))), reason, failures)

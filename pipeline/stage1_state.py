@@ -31,6 +31,9 @@ class PartitionState(TypedDict):
     """The last record applied: its outputs were acknowledged (-1: none yet)."""
     last_tick: int | None
     """The last tick closed by a marker (None: none yet)."""
+    born: NotRequired[int]
+    """The tick of the first marker this state closed: sent with every report, so stage 2
+    can tell a state that was lost and begun again (docs/design.md section 4a)."""
     pending: dict[str, dict[str, int]]
     """Per statistic counted by unit weights, the weights its users added in the open
     tick (the next report's ``weights``; keys: ``pipeline.counting``)."""

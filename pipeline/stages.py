@@ -2,10 +2,11 @@
 
 Stage 1 (keyed by user, one state per events-topic partition): bounds each user's
 contribution per statistic and pre-aggregates it per tick. Stage 2 (keyed by statistic):
-waits until every stage-1 partition has reported tick t, then steps the statistic once
-and releases. Each statistic is a ``statistic.Statistic`` built by the registry of kinds
-(``kinds.py``); this module calls only the contract, never a kind. All DP math lives in
-``operators``; this module only routes numbers.
+waits until every stage-1 partition has reported tick t, then steps the statistic once;
+its releases are published at tick t's deadline (``drivers.Stage2Driver``). Each
+statistic is a ``statistic.Statistic`` built by the registry of kinds (``kinds.py``);
+this module calls only the contract, never a kind. All DP math lives in ``operators``;
+this module only routes numbers.
 
 Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_state.py``
 (``PartitionState``, ``UserEntry``); stage 2's is a ``Stage2State``, stored as its JSON.
@@ -14,8 +15,10 @@ Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -26,16 +29,20 @@ from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 
 from .counting import UnitColumns, add_weights
-from .kinds import statistic_for
+from .kinds import identity_parameters, statistic_for
 from .records import Batch, Event, partition_for
 from .stage1_state import PartitionState, UserEntry
-from .stage2_state import Stage2State, StatisticIdentity
-from .statistic import Report, Statistic, Users
+from .stage2_state import OFFLINE_RUN, Stage2State, StatisticIdentity, StatisticRun
+from .statistic import PerUserStatistic, Report, Statistic
 
 log = logging.getLogger(__name__)
 
 # 3: the default kind mean (whole-user mean) releases noisy samples, no exact counts.
 SCHEMA_VERSION = 3
+# The ledger's records. 4: every record names its app id and is authenticated (``mac``,
+# ``key_commitment``); statements carry runs, sources and the user id field; a statistic's
+# first entry is ``"event": "start"`` with its run (docs/design.md section 4a).
+LEDGER_SCHEMA_VERSION = 4
 
 
 _UNUSED: dict[str, int] = {}  # a new user's ``used``
@@ -57,6 +64,8 @@ class Stage1:
         self._columns = UnitColumns([s for s in self._stats if s.columnar])
         self._per_user = [s for s in self._stats if not s.columnar]
         self._user_stats = [s for s in stats if s.counting is None]
+        self._partitions = cfg.input.partitions
+        self._indexes: dict[int, _ScanIndex] = {}  # per stage-1 partition
 
     def add_events(
         self,
@@ -114,6 +123,7 @@ class Stage1:
             columns.add_pending(pending, before, units)
         per_user = self._per_user or self._user_stats
         events_of = self._events_by_user(batch, rows) if per_user else None
+        index = self._index(pstate, users, partition) if self._user_stats else None
         changed = columns.changed(before + units, units)
         writes: list[tuple[str, UserEntry]] = []
         for i, (user_id, entry, count) in enumerate(zip(user_ids, stored, counts, strict=True)):
@@ -127,7 +137,9 @@ class Stage1:
             used = changed[i] if entry is None else entry["used"] | changed[i]
             new: UserEntry = {"used": used, "offset": offset}
             if events_of is not None:
-                self._add_per_user(pstate, entry, new, events_of[i], partition, in_pending)
+                self._add_per_user(
+                    pstate, entry, new, events_of[i], partition, in_pending, user_id, index
+                )
             writes.append((user_id, new))
         users.update(writes)  # each user once: the record's writes at once
 
@@ -144,14 +156,16 @@ class Stage1:
         pending sums lost: the same units (the same record, cut by ``unseen`` against the
         same partition state, the one from before it), before them used - units; any
         other user: none. An entry written before the count and sum kinds were counted
-        in numpy has their weights in ``kept`` (re-added from there)."""
+        in numpy has their weights in ``kept`` (re-added from there). Never below 0:
+        ``used`` bounds what the user contributes from here on."""
         names = {stat.name for stat in self._columns.stats}
         keep = [
             c or (r and e is not None and not names & e.get("kept", {}).keys())
             for c, r, e in zip(counts, readds, stored, strict=True)
         ]
         mask, counting = np.array(keep)[:, None], np.array(counts)[:, None]
-        return np.where(counting, before, before - units), np.where(mask, units, 0)
+        readded = np.maximum(before - units, 0)
+        return np.where(counting, before, readded), np.where(mask, units, 0)
 
     def _add_per_user(
         self,
@@ -161,8 +175,11 @@ class Stage1:
         events: list[Event],
         partition: int,
         in_pending: bool,
+        user_id: str,
+        index: _ScanIndex | None,
     ) -> None:
-        """The kinds counted per user, for one user's events of a record."""
+        """The kinds counted per user, for one user's events of a record (``index``: the
+        partition's scan index, when a statistic has per-user state)."""
         kept_now: dict[str, dict[str, int]] = {}
         for stat in self._per_user:
             stat.add(events, entry["used"], kept_now)
@@ -171,8 +188,9 @@ class Stage1:
                 add_weights(pstate["pending"].setdefault(name, {}), weights)
         if kept_now:
             entry["kept"] = kept_now
-        if self._user_stats:
+        if index is not None:
             self._apply_user_stats(pstate, stored, entry, events, partition, in_pending)
+            index.update(self._user_stats, pstate["stats"], user_id, entry["state"])
 
     @staticmethod
     def _events_by_user(batch: Batch, rows: np.ndarray) -> list[list[Event]]:
@@ -220,59 +238,147 @@ class Stage1:
         pstate: PartitionState,
         partition: int,
         tick: int,
-        users: Callable[[], Iterable[tuple[str, UserEntry]]] = tuple,
+        users: Mapping[str, UserEntry] | None = None,
     ) -> list[Report]:
         """Handle tick marker ``tick``; a duplicate or stale marker yields nothing.
 
-        ``users`` returns the (user id, entry) pairs of this partition's users; it is
-        called only by a statistic with per-user state that needs them (a median, a cell's close).
+        ``users``: the user entries (a worker's table holds every partition it owns); a
+        statistic with per-user state scans those of the partition's users its index
+        holds, and only when it needs them (a median, a cell's close).
         """
         last = pstate["last_tick"]
         if last is not None and tick <= last:
             return []
         from_tick = tick if last is None else last + 1
+        born = pstate.setdefault("born", tick)
         pending = pstate["pending"]
         reports = [
-            Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}))
+            Report(stat.name, partition, from_tick, tick, pending.get(stat.name, {}), born=born)
             for stat in self._stats
         ]
-        slots: dict[str, Any] = pstate.setdefault("stats", {}) if self._user_stats else {}
-        for stat in self._user_stats:
-            slots[stat.name], payload = stat.close_tick(
-                slots.get(stat.name), partition, from_tick, tick, _states_of(stat.name, users)
-            )
-            reports.append(Report(stat.name, partition, from_tick, tick, {}, payload))
+        if self._user_stats:
+            entries: Mapping[str, UserEntry] = {} if users is None else users
+            index = self._index(pstate, entries, partition)
+            slots: dict[str, Any] = pstate.setdefault("stats", {})
+            for stat in self._user_stats:
+                scan = _Scan(stat.name, entries, index.users[stat.name])
+                slots[stat.name], payload = stat.close_tick(
+                    slots.get(stat.name), partition, from_tick, tick, scan
+                )
+                if scan.done:  # what the close sent, no later close needs: out
+                    index.prune(stat, slots[stat.name], entries)
+                reports.append(Report(stat.name, partition, from_tick, tick, {}, payload, born))
         pstate["pending"] = {}
         pstate["last_tick"] = tick
         return reports
 
+    def _index(
+        self, pstate: PartitionState, users: Mapping[str, UserEntry], partition: int
+    ) -> _ScanIndex:
+        """The partition's scan index, built from ``users`` when there is none for this
+        partition state: a recovered or re-assigned partition's state is a new object
+        (Faust's recovery decodes the changelog into new dicts), the one after a crash in
+        a test too."""
+        index = self._indexes.get(partition)
+        if index is None or index.pstate is not pstate:
+            index = _ScanIndex(pstate, {stat.name: {} for stat in self._user_stats})
+            slots = pstate.get("stats", {})
+            for user_id, entry in users.items():
+                states = entry.get("state")
+                if states and partition_for(user_id, self._partitions) == partition:
+                    index.update(self._user_stats, slots, user_id, states)
+            self._indexes[partition] = index
+        return index
 
-def users_of_partition(
-    users: Mapping[str, UserEntry], partition: int, partitions: int
-) -> Callable[[], Iterable[tuple[str, UserEntry]]]:
-    """For ``Stage1.close_tick``: the entries in ``users`` of the partition's users (a
-    worker's table holds every partition it owns)."""
-    return lambda: (
-        (user_id, entry)
-        for user_id, entry in users.items()
-        if partition_for(user_id, partitions) == partition
-    )
+
+@dataclass(slots=True)
+class _ScanIndex:
+    """The users a tick close of one stage-1 partition scans, per statistic with per-user
+    state: user id -> place in the scan (``PerUserStatistic.scan_order``).
+
+    A close used to walk every user entry the worker held, so the time from a marker to
+    its report grew with the users held, a data-dependent time before a release
+    (docs/design.md section 1 has the measurements). The index holds only the users a close may
+    need (a cell mean's: those with data no close has sent; a continual mean's: the
+    admitted, in rank order). It lives in memory, kept by ``add_events`` and
+    ``close_tick``, and is built once from the table per partition state object, so it
+    adds no changelog bytes; being a superset is safe (a close reads each user's state),
+    missing a user is not, hence the rebuild whenever the state may have come from
+    elsewhere."""
+
+    pstate: PartitionState
+    """The partition state object it was built with and kept along."""
+    users: dict[str, dict[str, int]]
+    """Statistic -> user id -> scan order."""
+
+    def update(
+        self,
+        stats: list[PerUserStatistic],
+        slots: Mapping[str, Any],
+        user_id: str,
+        states: Mapping[str, Any],
+    ) -> None:
+        """File or drop the user, per statistic it has a state of."""
+        for stat in stats:
+            state = states.get(stat.name)
+            if state is None:
+                continue
+            order = stat.scan_order(slots.get(stat.name), state)
+            if order is None:
+                self.users[stat.name].pop(user_id, None)
+            else:
+                self.users[stat.name][user_id] = order
+
+    def prune(self, stat: PerUserStatistic, slot: Any, users: Mapping[str, UserEntry]) -> None:
+        """After a close that scanned ``stat``'s users: drop those it is done with."""
+        indexed = self.users[stat.name]
+        for user_id in list(indexed):
+            entry = users.get(user_id)
+            state = None if entry is None else entry.get("state", {}).get(stat.name)
+            if state is None or stat.scan_order(slot, state) is None:
+                del indexed[user_id]
 
 
-def _states_of(name: str, users: Callable[[], Iterable[tuple[str, UserEntry]]]) -> Users:
-    def states() -> Iterable[tuple[str, Any]]:
-        for user_id, entry in users():
-            state = entry.get("state", {}).get(name)
+class _Scan:
+    """``Users`` of one statistic for one close: the indexed users' states in scan order
+    (``done`` once it was called)."""
+
+    def __init__(self, name: str, users: Mapping[str, UserEntry], indexed: dict[str, int]) -> None:
+        self._name, self._users, self._indexed = name, users, indexed
+        self.done = False
+
+    def __call__(self) -> Iterator[tuple[str, Any]]:
+        self.done = True
+        return self._states()
+
+    def _states(self) -> Iterator[tuple[str, Any]]:
+        for user_id, _ in sorted(self._indexed.items(), key=itemgetter(1)):
+            entry = self._users.get(user_id)
+            state = None if entry is None else entry.get("state", {}).get(self._name)
             if state is not None:
                 yield user_id, state
-
-    return states
 
 
 class Stage2:
     """Tick barrier across stage-1 partitions, then one step of the statistic per tick."""
 
-    def __init__(self, cfg: PipelineConfig, noise: NoiseSource, partitions: int) -> None:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        noise: NoiseSource,
+        partitions: int,
+        runs: Mapping[str, StatisticRun] | None = None,
+    ) -> None:
+        """Stage 2 of ``cfg``'s statistics.
+
+        Args:
+            cfg: the pipeline.
+            noise: the key's noise source.
+            partitions: the stage-1 partitions (the events topic's).
+            runs: each statistic's run as the ledger states it (the worker's); None:
+                every statistic under ``OFFLINE_RUN`` (replay of a log without recorded
+                runs, tests).
+        """
         self._cfg = cfg
         # Keyed noise is deterministic per node, so remembering live nodes is safe.
         self._noise = CachedNoise(noise, maxsize=1 << 14)
@@ -281,23 +387,39 @@ class Stage2:
         self._counters: dict[str, Statistic] = {
             s.name: statistic_for(s, cfg) for s in cfg.statistics
         }
-        self._params = {s.name: cfg.statistic_parameters(s) for s in cfg.statistics}
+        self._params = {s.name: identity_parameters(s, cfg) for s in cfg.statistics}
         self._fingerprints = {
             name: accounting.fingerprint(params) for name, params in self._params.items()
         }
+        self._runs = {s.name: (runs or {}).get(s.name, OFFLINE_RUN) for s in cfg.statistics}
         statement = cfg.privacy_statement()
         self._charges = {c.statistic: c for c in statement.charges}
 
     def _check_identity(self, state: Stage2State, name: str) -> None:
+        """Refuse a state this worker must not continue: another run's (its state lost
+        and begun again, or a key changed: continuing would draw fresh noise for what
+        was released), another key's, other parameters'. A state of a run the ledger
+        started anew (charged again) is discarded."""
         identity = state.identity
         if identity is None:
-            if state.last_closed is not None:
-                raise StatisticChanged(
-                    f"statistic {name}: its state has released ticks but no identity (made "
-                    "by an older dpstream); its noise cannot be re-derived: run it under a "
-                    "new app_id or name"
-                )
             return
+        run = self._runs[name]
+        if identity.run_id in run.replaces:
+            log.warning("statistic %s: run %s starts anew (charged again)", name, run.run_id)
+            state.clear()
+            return
+        if identity.run_id != run.run_id:
+            raise StatisticChanged(
+                f"statistic {name}: its state belongs to run {identity.run_id}, the ledger's "
+                f"run is {run.run_id}; continuing either would re-draw released noise: "
+                f"restore the ledger, or start it anew with `dpstream ledger --charge-again "
+                f"{name}` (charged again)"
+            )
+        if run.key_commitment is not None and identity.key_commitment != run.key_commitment:
+            raise StatisticChanged(
+                f"statistic {name}: its releases were drawn under another noise key; a "
+                "changed key re-draws the noise of every released node: restore the key"
+            )
         if identity.fingerprint != self._fingerprints[name]:
             changed = accounting.changed_fields(identity.parameters, self._params[name])
             raise StatisticChanged(
@@ -306,8 +428,45 @@ class Stage2:
                 "new statistic: give it a new name"
             )
 
+    def _check_born(self, state: Stage2State, report: Report) -> None:
+        """Refuse a stage-1 partition whose state began again: every user's contribution
+        bound began again with it, inside trees that already hold their contributions."""
+        if report.born is None:
+            return
+        born = state.born.setdefault(report.partition, report.born)
+        if born != report.born:
+            raise StatisticChanged(
+                f"statistic {report.statistic}: stage-1 partition {report.partition} lost its "
+                f"state (it began at tick {born}, now at tick {report.born}): each user's "
+                "contribution bound began again inside the same trees; restore the stage-1 "
+                "changelog, or start the statistic anew with `dpstream ledger --charge-again "
+                f"{report.statistic}` (charged again)"
+            )
+
+    def _new_identity(self, name: str, tick: int) -> StatisticIdentity:
+        """The statistic's identity at its first closed tick, which must be the tick its
+        run first released at, if it has: a state that is gone and begun again at another
+        tick would release the same data under fresh noise."""
+        run = self._runs[name]
+        if run.start_tick is not None and run.start_tick != tick:
+            raise StatisticChanged(
+                f"statistic {name}: run {run.run_id} released from tick {run.start_tick}, "
+                f"but its state is gone (it would begin again at tick {tick} and release the "
+                "same data under fresh noise): restore the stage-2 changelog, or start it "
+                f"anew with `dpstream ledger --charge-again {name}` (charged again)"
+            )
+        return StatisticIdentity(
+            self._fingerprints[name], self._params[name], tick, run.run_id, run.key_commitment
+        )
+
     def _noise_of(self, identity: StatisticIdentity, name: str) -> NoiseSource:
-        scope = (self._cfg.app_id, name, identity.fingerprint, identity.start_tick)
+        scope = (
+            self._cfg.app_id,
+            name,
+            identity.fingerprint,
+            identity.run_id,
+            identity.start_tick,
+        )
         return ScopedNoise(self._noise, scope)
 
     @staticmethod
@@ -318,6 +477,7 @@ class Stage2:
         """Absorb one report; return (releases, ledger entries) for every tick it closes."""
         name = report.statistic
         self._check_identity(state, name)
+        self._check_born(state, report)
         last = state.reported.get(report.partition)
         if last is not None and report.tick <= last:
             return [], []  # re-delivered report: already counted
@@ -336,10 +496,8 @@ class Stage2:
         releases, ledger = [], []
         for tick in range(start, upto + 1):
             if state.last_closed is None:
-                state.identity = StatisticIdentity(
-                    self._fingerprints[name], self._params[name], tick
-                )
-                ledger.append(self._first_ledger_entry(name, tick))
+                state.identity = self._new_identity(name, tick)
+                ledger.append(self._first_ledger_entry(name, state.identity))
             pending = state.pending.pop(tick, None)
             state.last_closed = tick
             if state.exhausted is not None:
@@ -432,23 +590,27 @@ class Stage2:
         """A ledger entry of a statistic after its first: the common fields around the
         entry's own (an expenditure, the budget spent)."""
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "app_id": self._cfg.app_id,
             "statistic": name,
             "tick": tick,
             **fields,
             "total_epsilon": self._cfg.privacy.total_epsilon,
         }
 
-    def _first_ledger_entry(self, name: str, tick: int) -> dict:
+    def _first_ledger_entry(self, name: str, identity: StatisticIdentity) -> dict:
         """The statistic's first ledger entry, at its first closed tick: what it charges
-        and its identity, completed by the kind (``Statistic.ledger_start``)."""
+        and its identity (the run's start, which the worker checks a recreated state
+        against), completed by the kind (``Statistic.ledger_start``)."""
         stat = self._stats[name]
         counter = self._counters[name]
         entry = {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "app_id": self._cfg.app_id,
+            "event": "start",
             "statistic": name,
             "instance": 0,
-            "tick": tick,
+            "tick": identity.start_tick,
             "epsilon": stat.epsilon,
             "mechanism": counter.mechanism,
             "tau": stat.tau,
@@ -456,7 +618,8 @@ class Stage2:
             "note": "whole infinite stream (parallel composition over periods)",
             "total_epsilon": self._cfg.privacy.total_epsilon,
             "charged": float(self._charges[name].epsilon),
-            "fingerprint": self._fingerprints[name],
-            "start_tick": tick,
+            "fingerprint": identity.fingerprint,
+            "run_id": identity.run_id,
+            "start_tick": identity.start_tick,
         }
         return counter.ledger_start(entry)

@@ -27,7 +27,9 @@ class Report:
     Ticks before ``tick`` in that range were empty (caught-up markers); ``weights`` holds
     what the partition's users contributed in ``tick`` (see ``Stage1`` for the keys), and
     ``payload`` the tick's message of a statistic with per-user state (None: nothing
-    to say).
+    to say). ``born``: the tick the partition's stage-1 state began at (its first
+    marker); stage 2 refuses a partition whose stage-1 state began again (lost: every
+    user's contribution bound with it).
     """
 
     statistic: str
@@ -36,6 +38,7 @@ class Report:
     tick: int
     weights: dict[str, int]
     payload: Any = None
+    born: int | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -47,6 +50,8 @@ class Report:
         }
         if self.payload is not None:
             out["payload"] = self.payload
+        if self.born is not None:
+            out["born"] = self.born
         return out
 
     @classmethod
@@ -58,6 +63,7 @@ class Report:
             tick=int(obj["tick"]),
             weights={str(k): int(v) for k, v in obj["weights"].items()},
             payload=obj.get("payload"),
+            born=obj.get("born"),
         )
 
 
@@ -135,7 +141,8 @@ class PerUserStatistic(StatisticBase, Protocol):
     means): stage 1 calls ``counts`` and ``apply`` once per (record, user) with the
     user's events that count, ``redo`` when a re-delivered record's user entry survived
     a crash but the partition state did not (see ``Stage1.add_events``), and
-    ``close_tick`` at a marker, whose payload is the report's ``payload``."""
+    ``close_tick`` at a marker, whose payload is the report's ``payload``, and
+    ``scan_order`` to keep the index of the users a close scans (``stages.Stage1``)."""
 
     @property
     def counting(self) -> None: ...
@@ -154,7 +161,15 @@ class PerUserStatistic(StatisticBase, Protocol):
         self, pstate: Any, partition: int, from_tick: int, tick: int, users: Users
     ) -> tuple[Any, Any]:
         """(partition state, payload or None) at the marker of ``tick``; the ticks
-        ``from_tick..tick-1`` were empty (markers caught up after a gap)."""
+        ``from_tick..tick-1`` were empty (markers caught up after a gap). ``users``
+        gives the states of the users ``scan_order`` placed, in that order."""
+        ...
+
+    def scan_order(self, pstate: Any, ustate: Any) -> int | None:
+        """Where a user with state ``ustate`` comes in ``close_tick``'s ``users``, with
+        the partition's state ``pstate``, or None: no close needs the user until their
+        next event. Asked after each of the user's records and after each close that
+        scanned the users: it must say None for no user a later close needs."""
         ...
 
 

@@ -11,9 +11,11 @@ letters, ledger) are granted by name.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
 from dpstream.operators.errors import DpStreamError
@@ -24,9 +26,11 @@ log = logging.getLogger(__name__)
 
 
 COMPACTED = {"cleanup.policy": "compact"}
+TIMESTAMP_TYPE = "message.timestamp.type"
 
 # The Faust tables of pipeline/app.py; Faust names their changelogs <app_id>-<table>-changelog.
 TABLES = ("stage1", "stage2")
+
 
 PRODUCTION_REPLICAS = 3
 """Replicas of dpstream's topics where the cluster has the brokers (min.insync.replicas 2)."""
@@ -71,6 +75,19 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
     return plan
 
 
+def timestamp_types(cfg: PipelineConfig) -> dict[str, str]:
+    """The timestamps dpstream's topics must keep. The broker stamps the events and
+    stage-2 topics (LogAppendTime), so a tick or release marker cannot claim another time
+    (records.check_marker_time); the release and ledger topics keep the one dpstream sets
+    (CreateTime): the release deadline, which a broker's append time would replace with
+    one that depends on when stage 2 got there."""
+    out = dict.fromkeys((cfg.events_topic, cfg.stage2_topic), "LogAppendTime")
+    for stat in cfg.statistics:
+        out[cfg.release_topic(stat.name)] = "CreateTime"
+    out[cfg.outputs.ledger_topic] = "CreateTime"
+    return out
+
+
 def replication(brokers: int) -> tuple[int, int]:
     """(replication factor, min.insync.replicas) of dpstream's topics on a cluster of
     ``brokers`` brokers: 3 and 2 where it has three or more (a write is acknowledged by two
@@ -85,68 +102,101 @@ def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminC
     return AdminClient({**conf, **confluent_config(security or KafkaSecurityConfig())})
 
 
-def ensure_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> int:
-    """Create dpstream's missing topics; stop with a ConfigError if one has the wrong shape.
+# The ledger is what users have lost, for good: it never expires, and compaction (which
+# keeps one record per key) would erase every statement but the last.
+LEDGER_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
-    New topics get the replication the cluster allows (:func:`replication`), with a warning
-    where that is below :data:`PRODUCTION_REPLICAS` and for existing topics of dpstream
-    with fewer replicas than that. A source topic that does not exist yet is created with
-    ``input.partitions`` partitions and the broker's defaults (a new pipeline's first run);
-    one that exists is never touched, whatever its partitions and settings.
 
-    Returns:
-        The replication factor of new topics (for Faust's ``topic_replication_factor``).
+def missing_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> list[str]:
+    """dpstream's topics (``topic_plan``) that do not exist."""
+    existing = admin(bootstrap, cfg.kafka).list_topics(timeout=timeout).topics
+    return [name for name in topic_plan(cfg) if name not in existing]
+
+
+def ensure_topics(
+    cfg: PipelineConfig,
+    bootstrap: str,
+    timeout: float = 30.0,
+    only: Iterable[str] | None = None,
+) -> list[str]:
+    """Create dpstream's missing topics (``only`` these, if given); stop with a
+    ConfigError if one has the wrong shape or an existing ledger topic could forget.
+    Returns the topics it created.
+
+    New topics get the replication the cluster allows (:func:`replication`); when it checks
+    them all (no ``only``), it warns where that is below :data:`PRODUCTION_REPLICAS` and
+    for existing topics of dpstream with fewer replicas than the cluster allows. A source
+    topic that does not exist yet is created with ``input.partitions`` partitions and the
+    broker's defaults (a new pipeline's first run); one that exists is never touched,
+    whatever its partitions and settings.
 
     Raises:
-        ConfigError: An events, stage-2 or changelog topic with other partitions.
+        ConfigError: An events, stage-2 or changelog topic with other partitions, a ledger
+            that could forget, other timestamps than dpstream needs.
         DpStreamError: The principal may not create a missing topic (naming it).
     """
     client = admin(bootstrap, cfg.kafka)
     metadata = client.list_topics(timeout=timeout)
     existing = metadata.topics
-    factor, min_insync = replication(len(metadata.brokers))
     plan = topic_plan(cfg)
-    for name in (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)):
+    _check_partitions(existing, (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)), plan)
+    if cfg.outputs.ledger_topic in existing:
+        check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
+    _check_timestamps(client, cfg, existing, timeout)
+    if only is None:
+        _warn_under_replicated(cfg, metadata)
+    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
+    if only is not None:
+        plan = {name: n for name, n in plan.items() if name in set(only)}
+    return _create_missing(client, cfg, metadata, plan, timeout)
+
+
+def ensure_ingest_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
+    """What a stand-alone ``dpstream ingest`` checks at start: the events topic has
+    ``input.partitions`` partitions (else a ConfigError naming the field: its envelopes
+    would go to partitions whose stage 1 does not own their users). The topics it writes,
+    the events and dead-letter topics, are created as the worker creates them when they
+    do not exist yet; no other."""
+    client = admin(bootstrap, cfg.kafka)
+    metadata = client.list_topics(timeout=timeout)
+    plan = {cfg.events_topic: cfg.input.partitions, cfg.outputs.dead_letter_topic: 1}
+    _check_partitions(metadata.topics, (cfg.events_topic,), plan)
+    _create_missing(client, cfg, metadata, plan, timeout)
+
+
+def _check_partitions(existing: dict, names: Iterable[str], plan: dict[str, int]) -> None:
+    for name in names:
         if name in existing and len(existing[name].partitions) != plan[name]:
             raise ConfigError(
                 f"input.partitions: topic {name!r} has {len(existing[name].partitions)} "
                 f"partitions, the config says {plan[name]}"
             )
-    _warn_under_replicated(cfg, metadata, factor)
+
+
+def _create_missing(
+    client: AdminClient, cfg: PipelineConfig, metadata: Any, plan: dict[str, int], timeout: float
+) -> list[str]:
+    """Create the topics of ``plan`` that do not exist, each with its settings and the
+    replication the cluster allows; returns their names."""
+    factor, min_insync = replication(len(metadata.brokers))
+    ours = topic_plan(cfg)
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
-    # The broker stamps the events topic's records, so a tick marker's time cannot be
-    # forged (records.check_marker_time).
-    configs[cfg.events_topic] = {"message.timestamp.type": "LogAppendTime"}
+    for name, kind in timestamp_types(cfg).items():
+        configs[name] = {TIMESTAMP_TYPE: kind}
+    configs[cfg.outputs.ledger_topic] = {
+        **configs.get(cfg.outputs.ledger_topic, {}),
+        **LEDGER_CONFIG,
+    }
+    for name in ours:  # the sources are the users': the broker's defaults
+        configs[name] = {**configs.get(name, {}), "min.insync.replicas": str(min_insync)}
     missing = [
-        NewTopic(
-            n, p, factor, config={**configs.get(n, {}), "min.insync.replicas": str(min_insync)}
-        )
+        NewTopic(n, p, factor, config=configs.get(n, {}))
         for n, p in plan.items()
-        if n not in existing
+        if n not in metadata.topics
     ]
-    missing += [_new_source(cfg, t, factor) for t in cfg.input.topics if t not in existing]
-    _create(client, missing, timeout)
-    return factor
-
-
-def ensure_sources(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
-    """Create the source topics that do not exist yet (``dpstream produce`` on a new
-    pipeline): a producer needs no right on dpstream's own topics."""
-    client = admin(bootstrap, cfg.kafka)
-    metadata = client.list_topics(timeout=timeout)
-    factor, _ = replication(len(metadata.brokers))
-    new = [_new_source(cfg, t, factor) for t in cfg.input.topics if t not in metadata.topics]
-    _create(client, new, timeout)
-
-
-def _new_source(cfg: PipelineConfig, topic: str, factor: int) -> NewTopic:
-    return NewTopic(topic, cfg.input.partitions, factor)
-
-
-def _create(client: AdminClient, topics: list[NewTopic], timeout: float) -> None:
-    if not topics:
-        return
-    for name, future in client.create_topics(topics, operation_timeout=timeout).items():
+    if not missing:
+        return []
+    for name, future in client.create_topics(missing, operation_timeout=timeout).items():
         try:
             future.result()
         except KafkaException as exc:
@@ -160,10 +210,58 @@ def _create(client: AdminClient, topics: list[NewTopic], timeout: float) -> None
                 ) from None
             raise
         log.info("created topic %s", name)
+    return [topic.topic for topic in missing]
 
 
-def _warn_under_replicated(cfg: PipelineConfig, metadata: object, factor: int) -> None:
-    brokers = len(metadata.brokers)  # type: ignore[attr-defined]
+def check_ledger_topic(client: AdminClient, topic: str, timeout: float = 30.0) -> None:
+    """Refuse a ledger topic that could lose records: finite retention (time or size) or
+    compaction; the message names the topic setting to change."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    (future,) = client.describe_configs([resource], request_timeout=timeout).values()
+    settings = {name: entry.value for name, entry in future.result().items()}
+    policy = settings.get("cleanup.policy") or "delete"
+    if "compact" in policy.split(","):
+        raise ConfigError(
+            f"outputs.ledger_topic: topic {topic!r} has cleanup.policy={policy}: compaction "
+            "keeps one record per key and would erase the ledger's history; set "
+            "cleanup.policy=delete with retention.ms=-1 (kafka-configs --alter --entity-type "
+            f"topics --entity-name {topic} --add-config cleanup.policy=delete,retention.ms=-1)"
+        )
+    for name in ("retention.ms", "retention.bytes"):
+        value = settings.get(name)
+        if value is not None and int(value) >= 0:
+            raise ConfigError(
+                f"outputs.ledger_topic: topic {topic!r} has {name}={value}: the ledger would "
+                f"forget what users have lost; set {name}=-1 (kafka-configs --alter "
+                f"--entity-type topics --entity-name {topic} --add-config {name}=-1)"
+            )
+
+
+def _check_timestamps(
+    client: AdminClient, cfg: PipelineConfig, existing: dict, timeout: float
+) -> None:
+    """Stop with a ConfigError naming the topic and the setting when one of dpstream's
+    existing topics keeps other timestamps than ``timestamp_types`` says (one created by
+    an older dpstream, or by hand): changing it is the operator's call."""
+    wanted = {name: kind for name, kind in timestamp_types(cfg).items() if name in existing}
+    if not wanted:
+        return
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in wanted]
+    for resource, future in client.describe_configs(resources, request_timeout=timeout).items():
+        have = future.result()[TIMESTAMP_TYPE].value
+        need = wanted[resource.name]
+        if have != need:
+            raise ConfigError(
+                f"topic {resource.name!r} has {TIMESTAMP_TYPE}={have}; dpstream needs {need} "
+                "there (docs/design.md section 1): set it with kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {resource.name} --add-config "
+                f"{TIMESTAMP_TYPE}={need}"
+            )
+
+
+def _warn_under_replicated(cfg: PipelineConfig, metadata: Any) -> None:
+    brokers = len(metadata.brokers)
+    factor, _ = replication(brokers)
     if factor < PRODUCTION_REPLICAS:
         log.warning(
             "the cluster has %d broker(s): dpstream's new topics get replication factor %d, "
@@ -174,7 +272,7 @@ def _warn_under_replicated(cfg: PipelineConfig, metadata: object, factor: int) -
             PRODUCTION_REPLICAS,
             PRODUCTION_REPLICAS,
         )
-    topics = metadata.topics  # type: ignore[attr-defined]
+    topics = metadata.topics
     for name in topic_plan(cfg):
         if name in topics and topics[name].partitions:
             replicas = min(len(p.replicas) for p in topics[name].partitions.values())

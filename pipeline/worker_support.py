@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 import re
 import signal
@@ -13,8 +12,9 @@ import sys
 from pathlib import Path
 
 from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
-from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
+from dpstream.operators.noise import NoiseSource
 
+from .keys import PipelineKey
 from .kinds import value_rule
 from .records import Limits
 
@@ -41,13 +41,19 @@ def limits_for(cfg: PipelineConfig) -> Limits:
 
 
 def load_noise(cfg: PipelineConfig) -> NoiseSource:
-    """The noise source the config asks for. The key is read here and never logged.
+    """The noise source the config asks for (``load_key``'s)."""
+    return load_key(cfg).noise
+
+
+def load_key(cfg: PipelineConfig) -> PipelineKey:
+    """The pipeline's key as the config gives it: noise, ledger MACs, key commitment
+    (``pipeline.keys``). The key is read here and never logged.
 
     Raises:
         ConfigError: keyed mode without a usable key; the message names the field.
     """
     if cfg.noise.mode is NoiseMode.insecure_zero:
-        return ZeroNoise()
+        return PipelineKey.insecure_zero()
     if cfg.noise.key_file is not None:
         try:
             text = cfg.noise.key_file.read_bytes()
@@ -64,16 +70,30 @@ def load_noise(cfg: PipelineConfig) -> NoiseSource:
         key = noise_key(value.encode(), "noise.key_env")
     else:
         raise ConfigError("noise: keyed mode needs noise.key_file or noise.key_env")
-    # Fixed-length key for the keyed construction, domain-separated from other uses.
-    return KeyedNoise(hashlib.sha256(b"dpstream-noise-key\0" + key).digest())
+    return PipelineKey.from_key(key)
 
 
 def noise_key(text: bytes, field: str) -> bytes:
     """The key's bytes from its text form: hex (64+ digits) or base64 of 32+ bytes.
 
-    A password is not a key: the text must decode to at least 256 bits, and bytes with
-    fewer than 16 distinct values (a repeated pattern; 32 random bytes have fewer with
-    probability below 2^-60) are refused. The message names the field, never the key.
+    A password is not a key. Refused, each with a message that names the field and never
+    the key:
+
+    * text that decodes to fewer than 256 bits, or is neither hex nor base64;
+    * bytes with fewer than 16 distinct values (a repeated pattern; 32 random bytes have
+      fewer with probability below 2^-60);
+    * bytes that are all text (printable ASCII, tab, line feed, carriage return): a
+      passphrase written as hex or base64, e.g. ``xxd -p`` of a sentence. 32 random bytes
+      are all text with probability (98/256)^32, about 4.5e-14;
+    * text that reads as words: more than half of its characters (base64 padding aside)
+      are the nine commonest English letters (e t a o i n s h r) in one case, as in a
+      passphrase that happens to be valid base64
+      (``CorrectHorseBatteryStapleBlueMoonRiverDance1``: 27 of 44). English words are
+      about 70% these letters; a character of a random key's hex or base64 is one of them
+      in a given case with probability at most 9/64, so a random key of 32 or more bytes
+      is refused with probability below 2 * P(Binomial(43, 9/64) > 21.5), about 1.9e-8.
+
+    No test proves randomness: the key must come from a CSPRNG (docs/security.md).
     """
     try:
         compact = text.decode("ascii").strip()
@@ -84,7 +104,28 @@ def noise_key(text: bytes, field: str) -> bytes:
         raise ConfigError(f"{field}: the noise key must be at least 256 bits: {KEY_FORM}")
     if len(set(key)) < 16:
         raise ConfigError(f"{field}: the noise key is not random (a repeated pattern): {KEY_FORM}")
+    if _TEXT_BYTES.issuperset(key):
+        raise ConfigError(
+            f"{field}: the noise key decodes to text (every byte printable ASCII), a "
+            f"passphrase written as hex or base64, not random bytes: {KEY_FORM}"
+        )
+    if _reads_as_words(compact.rstrip("=")):
+        raise ConfigError(
+            f"{field}: the noise key reads as words (more than half its characters are "
+            f"common English letters), a passphrase, not random bytes: {KEY_FORM}"
+        )
     return key
+
+
+_TEXT_BYTES = frozenset(range(0x20, 0x7F)) | {0x09, 0x0A, 0x0D}
+_COMMON_LETTERS = "etaoinshr"  # the nine commonest letters of English text
+
+
+def _reads_as_words(text: str) -> bool:
+    """More than half of ``text`` is common English letters of one case (``noise_key``)."""
+    lower = sum(text.count(c) for c in _COMMON_LETTERS)
+    upper = sum(text.count(c) for c in _COMMON_LETTERS.upper())
+    return 2 * max(lower, upper) > len(text)
 
 
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")

@@ -233,6 +233,7 @@ def run_pipeline(
         watcher.wait(lambda: watcher.closing() is not None, 1800, "every event", proc, logf)
         last, marker = watcher.closing() or (-1, 0.0)
         watcher.wait(lambda: watcher.released(last), 600, f"release of tick {last}", proc, logf)
+        watcher.wait(lambda: watcher.ready(last) is not None, 60, "its reports", proc, logf)
         cpu1, wall1 = tree_cpu_seconds(proc.pid), time.time()
         ingest_cpu1 = sum(tree_cpu_seconds(c) for c in children(proc.pid))
         mem = proc_status(proc.pid)
@@ -249,7 +250,7 @@ def run_pipeline(
                 spy.kill()
         stop(proc)
         watcher.close()
-    end = max(watcher.releases[s][last][0] for s in watcher.stats)
+    end = watcher.ready(last) or math.nan
     dead = sum(end_offsets(bootstrap, cfg.outputs.dead_letter_topic, 1).values())
     return {
         "events": ds.events,

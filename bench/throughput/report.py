@@ -741,8 +741,11 @@ A fresh worker (tick {a.tick:g} s, ingest {a.ingest_modes[0]}); once it has rele
 tick and its ingest holds every source partition, this process produces into the source topic
 at the target rate for {a.latency_seconds:g} s with a plain confluent-kafka Producer (lz4,
 otherwise defaults; every 50 ms what is due: single-event records keyed by user, or source
-batches, JSON arrays of up to the batch size). Latency of a release = its CreateTime minus its
-`tick_end_unix`, for every statistic and every tick lying wholly inside the production window.
+batches, JSON arrays of up to the batch size). Latency of a release = its Kafka timestamp
+minus its `tick_end_unix`, for every statistic and every tick lying wholly inside the
+production window; the timestamp is the tick's release deadline (tick end + the release
+delay) or, for a tick whose reports missed it, the deadline of the release marker that
+published it, k ticks later (docs/design.md section 1).
 Percentiles are nearest-rank (with fewer than 100 samples, p99 is the maximum). After
 production this process waits at most {a.latency_wait or max(15.0, a.latency_seconds):g} s for
 the last of those ticks; a tick still unreleased then counts with the lower bound (give-up time
@@ -753,11 +756,12 @@ every tick released and growth under one tick.
 
 {latency_table(res)}
 
-The floor of this latency is the clock: the leader writes tick t's markers into the
-events topic on its next timer firing after the tick ends (every min(I/4, 1 s)), then
-stage 1 must reach them behind the ingest's envelopes, report through the stage-2 topic,
-and stage 2 must send. An event's tick is the one in which the ingest's envelope holding it
-reached the events topic.
+This latency is the release delay (`ticks.release_delay_seconds`, by default the clock's
+marker period min(I/4, 1 s) plus 1 s) while the worker keeps up, and that plus k ticks for a
+tick that missed its deadline: in between, the leader writes tick t's markers into the
+events topic on its next timer firing after the tick ends, stage 1 must reach them behind
+the ingest's envelopes and report through the stage-2 topic. An event's tick is the one in
+which the ingest's envelope holding it reached the events topic.
 
 ## Memory
 
@@ -825,12 +829,14 @@ objects above plus the dict slot) + per statistic its stage-2 state (O(log t) in
   ingest (read_committed, librdkafka's default) sees nothing yet. Once the worker has
   released a first tick and its ingest group holds every source partition, the bench
   commits the transaction: the whole backlog becomes visible at once. Time = from that
-  commit to the release (CreateTime, every statistic) of the tick holding the last event:
-  in each events partition, the first clock marker after the last envelope, the latest of
-  those. So it includes the ingest (consume, validate, route, send, acknowledge, commit),
-  stage 1, stage 2, the releases, and the wait for that tick to end if stage 1 had caught
-  up with the ingest (per run: "marker wait"). events/s = events / that time. Start-up is
-  excluded and shown per run; every run checks that the dead-letter topic stayed empty.
+  commit to stage 2 holding every report (their broker append time, every statistic and
+  partition) of the tick holding the last event: in each events partition, the first clock
+  marker after the last envelope, the latest of those; its releases then wait for their
+  deadline, a fixed delay that is not the pipeline's work. So it includes the ingest
+  (consume, validate, route, send, acknowledge, commit), stage 1, and the wait for that
+  tick to end if stage 1 had caught up with the ingest (per run: "marker wait"). events/s
+  = events / that time. Start-up is excluded and shown per run; every run checks that the
+  dead-letter topic stayed empty.
   On **our envelopes** the worker runs with `--ingest off`: once it has released a first
   tick, this process writes the envelopes into its events topic (Faust reads uncommitted
   records, so a held transaction would not hide them; the writing is inside the span) and

@@ -118,7 +118,7 @@ class Watcher:
         self.consumer.assign(tps)
         # statistic -> tick -> (CreateTime in s, seen at in s)
         self.releases: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
-        # tick -> [CreateTime in s] of stage-1 reports that end at that tick
+        # tick -> [broker append time in s] of stage-1 reports that end at that tick
         self.reports: dict[int, list[float]] = defaultdict(list)
         self.on_report: Callable[[int], None] | None = None
         # The events topic: events in envelopes so far, the first and last envelope's
@@ -130,7 +130,7 @@ class Watcher:
         self.markers: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
 
     def poll(self, timeout: float) -> None:
-        from dpstream.pipeline.records import ENVELOPE, TICK, header_kind
+        from dpstream.pipeline.records import ENVELOPE, RELEASE, TICK, header_kind
 
         for msg in self.consumer.consume(num_messages=10_000, timeout=timeout):
             if msg.error():
@@ -148,6 +148,8 @@ class Watcher:
                     tick = orjson.loads(msg.value())["tick"]
                     self.markers[msg.partition()].append((msg.offset(), tick, ts))
                 continue
+            if header_kind(msg.headers()) == RELEASE:
+                continue  # the clock's release marker in the stage-2 topic, not a report
             obj = orjson.loads(msg.value())
             if topic in self.release_topics:
                 self.releases[obj["statistic"]][obj["tick"]] = (ts, time.time())
@@ -172,6 +174,14 @@ class Watcher:
 
     def released(self, tick: int) -> bool:
         return all(tick in self.releases[s] for s in self.stats)
+
+    def ready(self, tick: int) -> float | None:
+        """When stage 2 had all of tick ``tick``'s reports (the last one's append time),
+        once it has: the pipeline's work on the tick is done then, and its releases
+        wait for their deadline, a fixed delay later (docs/design.md section 1)."""
+        reports = self.reports.get(tick, [])
+        expected = len(self.stats) * self.cfg.input.partitions
+        return max(reports) if len(reports) >= expected else None
 
     def any_release(self) -> bool:
         return any(self.releases[s] for s in self.stats)

@@ -1,14 +1,16 @@
-"""The pipeline's privacy statement: the one accountant (``accountant``) and its API.
+"""The pipeline's privacy statement: the one accountant (``accountant``) and its API, and
+the zero-concentrated DP helpers (``zcdp``).
 
 What one user can lose across the statistics of a pipeline, under which neighbouring
 relation, the sensitivity multipliers and the statistics' fingerprints. Config validation,
-``dpstream check-config``, the worker's ledger and stage 2 all ask this package.
+``dpstream check-config``, the worker's ledger and stage 2 all ask this package. ``zcdp``
+holds the Gaussian mechanism's rho, composition and the conversions to (epsilon, delta).
 
 *May import:* ``trees`` and ``means`` (the expiration curve, the whole-user mean's terms)
 and the top-level ``errors``. Only config and the pipeline import it.
 """
 
-from . import accountant
+from . import accountant, zcdp
 from .accountant import (
     ANY_SUBSET,
     PUBLIC_COUNTS,
@@ -38,4 +40,5 @@ __all__ = [
     "fingerprint",
     "sensitivity_multiplier",
     "statement",
+    "zcdp",
 ]

@@ -32,6 +32,7 @@ statistics. A tree counter's epsilon covers its whole infinite stream. An expiri
 item of age d with epsilon g(d), charged at the declared horizon. A per-cell mean is
 charged its epoch cap B: disjoint cells compose in parallel within an accounting epoch
 (arXiv:2401.15906, Thm II.3), so with a per-cell mean the pipeline's total is per epoch.
+A strict per-cell mean under ``any_subset`` is charged 2B (:func:`charge_of` says why).
 
 **Identity.** A statistic's noise is bound to :func:`fingerprint` of every parameter that
 shapes its noise or sensitivity; a statistic whose fingerprint changed is a new statistic,
@@ -107,6 +108,8 @@ class Charge:
         per_epoch: a per-cell mean: ``epsilon`` is per accounting epoch.
         exact_counts: its releases carry exact data-dependent counts (public counts).
         basis: how the charge comes about, in words.
+        run_id: which run of the statistic it charges (None: its current one). A
+            statistic started anew (its state lost, a changed key) is charged once per run.
     """
 
     statistic: str
@@ -115,9 +118,10 @@ class Charge:
     per_epoch: bool
     exact_counts: bool
     basis: str
+    run_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "statistic": self.statistic,
             "relation": self.relation,
             "epsilon": float(self.epsilon),
@@ -125,6 +129,9 @@ class Charge:
             "exact_counts": self.exact_counts,
             "basis": self.basis,
         }
+        if self.run_id is not None:
+            out["run_id"] = self.run_id
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Charge:
@@ -136,6 +143,7 @@ class Charge:
             per_epoch=obj["per_epoch"],
             exact_counts=obj["exact_counts"],
             basis=obj["basis"],
+            run_id=obj.get("run_id"),
         )
 
 
@@ -193,7 +201,8 @@ class PrivacyStatement:
             unit = " per epoch" if c.per_epoch else ""
             lines.append(f"  {c.statistic}: {float(c.epsilon):g}{unit} ({c.relation}; {c.basis})")
         for c in self.retired:
-            lines.append(f"  {c.statistic} (retired, spent): {float(c.epsilon):g}")
+            run = "" if c.run_id is None else f", run {c.run_id}"
+            lines.append(f"  {c.statistic} (retired{run}, spent): {float(c.epsilon):g}")
         unit = " per accounting epoch" if self.per_epoch else " over the whole stream"
         lines.append(
             f"  one user can lose at most {float(self.per_user_total):g}{unit} "
@@ -209,7 +218,42 @@ def sensitivity_multiplier(relation: str) -> int:
 
 
 def charge_of(terms: StatisticTerms, relation: str) -> Charge:
-    """What one user can lose through the statistic ``terms`` under ``relation``."""
+    """What one user can lose through the statistic ``terms`` under ``relation``.
+
+    A tree counter: its epsilon over the whole stream (any_subset doubles its sensitivity,
+    not its charge); an expiring one: epsilon g(horizon); a whole-user mean: its epsilon
+    for both counters; George et al.'s mean: its epsilon under public counts; a per-cell
+    mean: its epoch cap B per accounting epoch, 2B for a strict one under any_subset.
+
+    Privacy:
+        Per-cell means. Each released cell is epsilon-DP in the data of the users it
+        keeps (under any_subset its sum's noise is doubled, operators/cells/cell_mean.py)
+        and draws its own noise, so a neighbour costs epsilon per cell whose input
+        changes (Rameshwar et al. Thm II.3). Which cells keep user l is decided by l's
+        own spend this epoch (``on_cap: drop_user``, the only choice in strict mode): l
+        is kept in cell g if l's loss before g plus epsilon is at most B. Let K be the
+        cells that keep l in the stream D and K' those that keep l in a neighbour D';
+        each holds at most B / epsilon cells. A cell outside K and K' reads none of l's
+        data in either stream, and no other user's admission depends on l, so only the
+        cells of K and K' change input: the loss is at most
+        epsilon |K u K'| <= epsilon (|K| + |K'|) <= 2B.
+
+        * whole_user: D' lacks l, so K' is empty and the loss is at most B.
+        * any_subset: D' keeps a subset of l's events, so K' need not be empty and can be
+          disjoint from K: with cells a and b, epsilon = B, one event of l in each, l is
+          kept in a (the first cell in key order) and dropped from b; without the event
+          in a, l is kept in b. Both cells change: 2B, and the bound is attained
+          (``tests/pipeline/test_cells.py``, exhaustively over small cases).
+        * public counts: the count matrix is public, so neighbours have the same cells,
+          the same users in them and the same admissions, and differ in values only: B
+          (any_subset does not apply to them, :func:`statement`).
+
+    References:
+        Rameshwar, Tandon, Gupta, Singh, Chakraborty, Sharma, "Mean Estimation with
+        User-Level Privacy for Spatio-Temporal IoT Datasets", arXiv:2401.15906, Thm II.3
+        (docs/papers.md: Rameshwar et al.); the epoch cap, the strict mode and the 2B
+        bound are ours (docs/design.md section 13).
+    """
     if terms.kind == "mean" and terms.counts_public:
         return Charge(
             terms.name,
@@ -233,13 +277,22 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
         return Charge(terms.name, relation, terms.epsilon, False, False, basis)
     if terms.kind == "cell_mean":
         assert terms.epoch_cap is not None
+        charged = terms.epoch_cap
+        basis = f"epoch cap B over disjoint cells of epsilon {float(terms.epsilon):g} each"
+        if relation == ANY_SUBSET and not terms.counts_public:
+            charged = 2 * terms.epoch_cap
+            basis = (
+                f"2B, epoch cap B = {float(terms.epoch_cap):g} over disjoint cells of epsilon "
+                f"{float(terms.epsilon):g} each: under any_subset, dropping some of a user's "
+                "events can admit the user into cells it was dropped from at the cap"
+            )
         return Charge(
             terms.name,
             PUBLIC_COUNTS if terms.counts_public else relation,
-            terms.epoch_cap,
+            charged,
             True,
             terms.counts_public,
-            f"epoch cap B over disjoint cells of epsilon {float(terms.epsilon):g} each",
+            basis,
         )
     if terms.mechanism == "expiring":
         assert terms.lam is not None and terms.horizon_ticks is not None

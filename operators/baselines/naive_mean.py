@@ -30,7 +30,7 @@ from fractions import Fraction
 
 from .. import _validate
 from ..means.continual_mean import DEFAULT_RESOLUTION, MeanRelease
-from ..noise import NodeId, NoiseSource, chernoff_interval, node_bytes
+from ..noise import NodeId, NoiseSource, exact_half_width, node_bytes
 from ..trees import binary_mechanism as bm
 
 MECHANISM = "naive_mean"
@@ -171,7 +171,7 @@ def release(spec: NaiveMeanSpec, state: NaiveMeanState, noise: NoiseSource) -> M
 
 def _mean_half_width(spec: NaiveMeanSpec, count: int) -> float:
     """Half-width around mu on the [0, 1] scale, as ``continual_mean.MeanRelease.mean_ci95``:
-    noise Chernoff at 0.025 + Hoeffding at 0.025 + snapping 1/(2G)."""
+    noise quantile at 0.025 (exact) + Hoeffding at 0.025 + snapping 1/(2G)."""
     scales = [s for _, s, _ in bm.release_nodes(spec.tree, count)]
-    noise_half = chernoff_interval(scales, 0.025) / (count * spec.resolution)
+    noise_half = exact_half_width(scales, 0.025) / (count * spec.resolution)
     return noise_half + math.sqrt(math.log(2 / 0.025) / (2 * count)) + 1 / (2 * spec.resolution)

@@ -29,7 +29,7 @@ from fractions import Fraction
 from .. import _validate
 from ..errors import BudgetExceededError
 from ..means.continual_mean import DEFAULT_RESOLUTION, MeanRelease
-from ..noise import NodeId, NoiseSource, chernoff_interval, node_bytes, noisy_release
+from ..noise import NodeId, NoiseSource, exact_half_width, node_bytes, noisy_release
 
 MECHANISM = "per_step_mean"
 
@@ -136,7 +136,7 @@ def step(
     denominator = state.count * spec.resolution
     to_value = float(span) / denominator
     hoeffding = math.sqrt(math.log(2 / 0.025) / (2 * state.count))
-    mean_half = chernoff_interval([b], 0.025) * to_value + float(span) * (
+    mean_half = exact_half_width([b], 0.025) * to_value + float(span) * (
         hoeffding + 1 / (2 * spec.resolution)
     )
     return state, MeanRelease(

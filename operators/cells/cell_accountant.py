@@ -51,6 +51,10 @@ from .. import _validate
 from ..errors import BudgetExceededError
 from ..noise import NodeId, node_bytes
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 ON_CAP = ("drop_user", "skip_cell")
 
 

@@ -52,13 +52,14 @@ choices are sampled exactly too (``exponential_mechanism``).
 
 **Error bar.** ``std`` is the exact standard deviation of the added noise (discrete
 Laplace variance times rho^2); ``ci95`` is a guaranteed half-width: P(|value - f| > ci95)
-<= 0.05 (Chernoff bound on the noise plus rho / 2 of rounding). Both are about the
+<= 0.05 (the noise's exact 95% quantile plus rho / 2 of rounding). Both are about the
 mechanism's own statistic f. For Baseline f is the cell's mean (of the snapped values);
 for the array mechanisms f also differs from the pooled mean by the bias of equal array
 weights, sample clipping and projection, which the paper does not bound (Sec. III), so
 the bar covers the noise only. For noisy_ratio the std is the delta-method value at the
 released sum and count, and ci95 the widest distance to the capped mean compatible with
-both noises inside their 97.5% Chernoff bounds (all computed from released values).
+both noises inside their exact 97.5% quantiles (all computed from released values; a
+union bound, so conservative).
 
 **Determinism and node ids.** Given the aggregates (in any order: users are sorted
 internally), the spec and the noise source, the outcome is fixed. Every random quantity
@@ -91,8 +92,8 @@ from ..noise import (
     NodeId,
     NoiseBits,
     NoiseSource,
-    chernoff_interval,
     discrete_laplace_variance,
+    exact_half_width,
     make_grid,
     node_bytes,
     ratio_bounds,
@@ -102,6 +103,10 @@ from ..selection import private_interval as pi
 from ..selection import private_quantile as pq
 from . import pseudo_users as pu
 from .cell_accountant import CellCharge
+
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
 
 MECHANISM = "cell_mean"
 MECHANISMS = ("baseline", "array_averaging", "levy", "quantile", "noisy_ratio")
@@ -667,7 +672,7 @@ def _noisy_on_lattice(
     scale = Fraction(spec.lattice) / eps
     z = noise.discrete_laplace(node, scale)
     std = math.sqrt(discrete_laplace_variance(scale)) * float(rho)
-    ci95 = (chernoff_interval([scale], 0.05) + 0.5) * float(rho)
+    ci95 = (exact_half_width([scale], 0.05) + 0.5) * float(rho)
     return (lattice_value + z) * rho, std, ci95, float(delta / eps)
 
 
@@ -814,8 +819,8 @@ def _ratio_interval(
     count_scale: Fraction,
 ) -> float:
     """Widest |estimate - mu| over the box of (sum, count) inside both 97.5% bounds."""
-    h_s = chernoff_interval([sum_scale], 0.025)
-    h_n = chernoff_interval([count_scale], 0.025)
+    h_s = exact_half_width([sum_scale], 0.025)
+    h_n = exact_half_width([count_scale], 0.025)
     lo, hi = float(spec.lo), float(spec.hi)
     box = ratio_bounds(noisy_sum, noisy_count, h_s, h_n)
     if box is None:

@@ -51,6 +51,10 @@ from fractions import Fraction
 from .. import _validate
 from ..noise import NodeId, node_bytes
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 Cell = NodeId
 CountMatrix = Mapping[Cell, Mapping[str, int]]
 """{cell: {user: m_l in that cell}}: the public counts of one slot."""

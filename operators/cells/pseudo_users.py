@@ -35,6 +35,10 @@ from fractions import Fraction
 
 from .. import _validate
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 Segment = tuple[str, int, int]
 """(user, start, stop): samples start..stop-1 of that user, in value-independent order."""
 

@@ -109,13 +109,17 @@ from ..noise import (
     NodeId,
     NoiseSource,
     Term,
-    chernoff_interval,
     clip_to_grid,
     discrete_laplace_variance,
+    exact_half_width,
     node_bytes,
 )
 from ..selection import private_median as pm
 from ..trees import binary_mechanism as bm
+
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
 
 MECHANISM = "continual_mean"
 
@@ -890,13 +894,14 @@ class MeanRelease:
             (lower + upper) / 2 while total = 0.
         total: samples the estimate covers (public).
         std: exact standard deviation of the DP noise in ``value``.
-        ci95: half-width h with P(|noise| > h) <= 0.05, guaranteed (Chernoff bound on
-            the exact discrete Laplace sum), around the exact estimate of the covered
-            samples.
-        mean_ci95: half-width around mu: noise Chernoff at 0.025, plus Hoeffding at 0.025
-            for the mean of ``total`` i.i.d. samples, plus the snapping error 1/(2G) (all
-            in value units). Valid under the paper's model when no element was clipped
-            (probability >= 1 - delta there); (upper - lower) / 2 while total = 0.
+        ci95: the least h with P(|noise| > h) <= 0.05, from the exact distribution of
+            the discrete Laplace sum (guaranteed), around the exact estimate of the
+            covered samples.
+        mean_ci95: half-width around mu: the noise's exact quantile at 0.025, plus
+            Hoeffding at 0.025 for the mean of ``total`` i.i.d. samples, plus the snapping
+            error 1/(2G) (all in value units); conservative (a union bound). Valid under the
+            paper's model when no element was clipped (probability >= 1 - delta there);
+            (upper - lower) / 2 while total = 0.
         active: a, the highest active level.
         samples: samples used so far; dropped: samples over the caps so far.
         medians: mu~_l released so far, (level, value in [lower, upper] units).
@@ -1108,7 +1113,7 @@ def release(spec: ContinualMeanSpec, state: MeanState, noise: NoiseSource) -> Me
 def _error_bars(
     level_scales: tuple[Fraction, ...], popcounts: tuple[int, ...]
 ) -> tuple[float, float, float]:
-    """(std, Chernoff half-width at 0.05, at 0.025) of the noise, in units. Releases repeat
+    """(std, exact half-width at 0.05, at 0.025) of the noise, in units. Releases repeat
     the same few popcount patterns, so this is cached."""
     multiset = [b for b, c in zip(level_scales, popcounts, strict=True) for _ in range(c)]
     if not multiset:
@@ -1116,19 +1121,7 @@ def _error_bars(
     std = math.sqrt(
         sum(discrete_laplace_variance(b) * c for b, c in zip(level_scales, popcounts, strict=True))
     )
-    return std, _half_width(multiset, _ALPHA), _half_width(multiset, _ALPHA / 2)
-
-
-def _half_width(multiset: list[Fraction], alpha: float) -> float:
-    try:
-        return chernoff_interval(multiset, alpha)
-    except OverflowError:
-        # Scales below ~1/700 unit overflow the MGF; then P(any term != 0) =
-        # sum 2p / (1 + p), p = exp(-1/b), is far below alpha and 0 is a valid half-width.
-        miss = sum(2 * math.exp(-1 / float(b)) for b in multiset)
-        if miss <= alpha:
-            return 0.0
-        raise
+    return std, exact_half_width(multiset, _ALPHA), exact_half_width(multiset, _ALPHA / 2)
 
 
 def exact_estimate(spec: ContinualMeanSpec, state: MeanState) -> float | None:

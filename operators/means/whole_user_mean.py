@@ -32,7 +32,8 @@ composition of the two halves: epsilon.
 **Release (post-processing of C~ and S~).** At step t, with C~ and S~ the two trees'
 noisy running totals:
 
-* ``samples`` = C~, with its exact noise std and a guaranteed 95% interval (Chernoff);
+* ``samples`` = C~, with its exact noise std and its exact 95% interval (the quantile of
+  its noise's exact distribution, ``noise.exact_quantile``);
 * ``value`` = lower + (upper - lower) r / R, r = S~ / C~ clamped to [0, R] (a mean of
   values in [lower, upper] lies there), when C~ >= 1; when C~ < 1 there is no estimate
   and ``value`` is None (our choice: a data-independent placeholder would look like an
@@ -45,10 +46,11 @@ noisy running totals:
   capped at (upper - lower) / 2, the largest std of any estimate in [lower, upper]
   (Popoviciu's inequality), which it exceeds only when C~ is small;
 * ``interval``: [lo, hi] = the range of s / c over the box of s within S~'s and c within
-  C~'s 97.5% Chernoff bounds (clamped as r): with probability at least 0.95 both noises
-  are inside their bounds (union bound) and then the exact mean of the kept samples is in
-  the interval, a guarantee, not an approximation. When the box reaches c < 1 the
-  interval is [lower, upper].
+  C~'s exact 97.5% noise quantiles (clamped as r): with probability at least 0.95 both
+  noises are inside their bounds (union bound) and then the exact mean of the kept
+  samples is in the interval, a guarantee, not an approximation. It stays conservative
+  (the union bound and the box's corners cover more than 95%); only its two quantiles
+  are exact. When the box reaches c < 1 the interval is [lower, upper].
 
 The exact mean estimated is that of the kept samples, (lower + (upper - lower) S / (R C))
 over all kept samples so far (after clipping and snapping): a user with many samples
@@ -77,8 +79,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .. import _validate
-from ..noise import NodeId, NoiseSource, TreeRelease, chernoff_interval, clip_to_grid, ratio_bounds
+from ..noise import NodeId, NoiseSource, TreeRelease, clip_to_grid, exact_half_width, ratio_bounds
 from ..trees import tree_counter
+
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
 
 MECHANISM = "whole_user_mean"
 
@@ -249,8 +255,8 @@ def _release(
 
     t = count.t
     # 97.5% each: both noises are inside their bounds with probability >= 0.95.
-    h_count = chernoff_interval(_scales(spec.samples, t), 0.025)
-    h_units = chernoff_interval(_scales(spec.units, t), 0.025)
+    h_count = exact_half_width(_scales(spec.samples, t), 0.025)
+    h_units = exact_half_width(_scales(spec.units, t), 0.025)
     box = ratio_bounds(total.value, count.value, h_units, h_count)
     if box is None:
         bounds = [float(spec.lower), float(spec.upper)]

@@ -23,7 +23,12 @@ from __future__ import annotations
 from fractions import Fraction
 
 from .. import _validate
-from .discrete_laplace import NodeId, NoiseSource, node_bytes
+from .discrete_laplace import NodeId, node_bytes
+from .sources import NoiseSource
+
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
 
 BIT_SCALE = Fraction(1 << 16)
 """Scale of the discrete Laplace draws whose signs are the bits (P(draw = 0) ~ 2^-17)."""

@@ -1,15 +1,12 @@
-"""Exact discrete Laplace noise, its sources, and its error bars.
+"""Exact discrete Laplace noise: node identities, the exact sampler, variances and the
+Chernoff bound.
 
-Every noisy value dpstream releases is ``exact + Z`` with Z discrete Laplace
+Every noisy value a pure-DP statistic releases is ``exact + Z`` with Z discrete Laplace
 (two-sided geometric), P(Z = z) proportional to exp(-|z| / b) over the integers. The
 sampler uses only integer and Fraction arithmetic driven by a uniform-integer source,
 so its output distribution is exactly the one the privacy proof assumes: no
 floating-point Laplace, whose rounding artefacts leak the exact value (Mironov 2012).
-
-A noise source draws the noise of a *node*, the public identity of one noisy quantity.
-In production the draw is a pure function of (secret key, node, scale): asking twice,
-e.g. after a crash and replay, returns the same value instead of a second independent
-sample that an observer could average.
+The sources that draw it for a node (keyed in production) are in ``sources``.
 
 References:
     C. Canonne, G. Kamath, T. Steinke. The Discrete Gaussian for Differential Privacy.
@@ -19,17 +16,17 @@ References:
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Protocol, runtime_checkable
 
-import numpy as np
-
-from .._validate import check_int_ge, check_positive, check_probability
+from .._validate import check_positive, check_probability
 from ..errors import InvalidOperatorConfig
+
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
 
 NodeId = tuple[str | int, ...]
 """Public identity of a node, e.g. ("events", 0, 3, 1, 2) = (statistic, instance,
@@ -39,11 +36,6 @@ RandBelow = Callable[[int], int]
 """``rand_below(n)`` returns a uniform integer in [0, n)."""
 
 _ONE = Fraction(1)
-_MIN_KEY_BYTES = 16
-_DOMAIN_TAG = b"dpstream/noise/discrete-laplace/v1"
-_BLOCK_BYTES = 64
-# numpy's int64 integers() cannot take a larger bound; beyond it we combine chunks.
-_CHUNK_BITS = 62
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,253 +196,6 @@ def laplace_variance(scale: Fraction | float) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# Bit sources
-
-
-class _KeyedStream:
-    """Uniform integers derived from (key, node, scale) by SHAKE-256 in counter mode.
-
-    SHAKE-256 over a length-prefixed key is a PRF (the sponge has no length-extension),
-    so the stream is indistinguishable from random without the key, and fully
-    reproducible with it.
-    """
-
-    def __init__(self, key: bytes, node: NodeId, scale: Fraction) -> None:
-        self._prefix = hashlib.shake_256(
-            _field(b"t", _DOMAIN_TAG)
-            + _field(b"k", key)
-            + _field(b"n", node_bytes(node))
-            + _field(b"i", _int_bytes(scale.numerator))
-            + _field(b"i", _int_bytes(scale.denominator))
-        )
-        self._counter = 0
-        self._pool = 0
-        self._pool_bits = 0
-
-    def _refill(self) -> None:
-        block = self._prefix.copy()
-        block.update(self._counter.to_bytes(8, "big"))
-        self._counter += 1
-        self._pool |= int.from_bytes(block.digest(_BLOCK_BYTES), "big") << self._pool_bits
-        self._pool_bits += 8 * _BLOCK_BYTES
-
-    def rand_below(self, n: int) -> int:
-        """Uniform integer in [0, n) by rejection on the fewest bits (no modulo bias).
-
-        Args:
-            n: exclusive upper bound, >= 1.
-
-        Returns:
-            The integer.
-        """
-        check_int_ge("n", n, 1)
-        bits = (n - 1).bit_length()
-        while True:
-            while self._pool_bits < bits:
-                self._refill()
-            value = self._pool & ((1 << bits) - 1)
-            self._pool >>= bits
-            self._pool_bits -= bits
-            if value < n:
-                return value
-
-
-def _generator_rand_below(rng: np.random.Generator, n: int) -> int:
-    """Uniform integer in [0, n) from a local numpy Generator, for any n >= 1."""
-    check_int_ge("n", n, 1)
-    if n <= 1 << _CHUNK_BITS:
-        return int(rng.integers(n))
-    bits = (n - 1).bit_length()
-    chunks = -(-bits // _CHUNK_BITS)
-    while True:
-        value = 0
-        for _ in range(chunks):
-            value = (value << _CHUNK_BITS) | int(rng.integers(1 << _CHUNK_BITS))
-        value &= (1 << bits) - 1
-        if value < n:
-            return value
-
-
-# ---------------------------------------------------------------------------------------
-# Noise sources
-
-
-@runtime_checkable
-class NoiseSource(Protocol):
-    """Where operators get their noise from."""
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        """Discrete Laplace noise of ``node`` at ``scale``."""
-        ...
-
-
-class KeyedNoise:
-    """Production source: the noise of a node is a pure function of (key, node, scale).
-
-    The same node and scale always give the same value (replay safety); distinct nodes
-    give independent draws. The key never appears in repr, str or error messages.
-    """
-
-    __slots__ = ("_key",)
-
-    def __init__(self, key: bytes) -> None:
-        """Keep the secret key.
-
-        Args:
-            key: secret bytes, at least 16 of them.
-
-        Raises:
-            InvalidOperatorConfig: ``key`` is not bytes or is shorter than 16 bytes.
-        """
-        if not isinstance(key, (bytes, bytearray)):
-            raise InvalidOperatorConfig(f"key must be bytes, got {type(key).__name__}")
-        if len(key) < _MIN_KEY_BYTES:
-            raise InvalidOperatorConfig(
-                f"key must be at least {_MIN_KEY_BYTES} bytes, got {len(key)} bytes"
-            )
-        self._key = bytes(key)
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        """Discrete Laplace noise of ``node`` at ``scale``, the same on every call.
-
-        Args:
-            node: public node identity.
-            scale: b > 0.
-
-        Returns:
-            The noise.
-        """
-        scale = _check_scale(scale)
-        return sample_discrete_laplace(scale, _KeyedStream(self._key, node, scale).rand_below)
-
-    def __repr__(self) -> str:
-        return "KeyedNoise(key=<redacted>)"
-
-
-class ScopedNoise:
-    """The noise of one statistic: every node is drawn under the statistic's identity.
-
-    A node id says where in a statistic's tree a noise sits, not whose statistic it is;
-    the scope (pipeline, statistic, parameter fingerprint, start tick) does. Prefixing it
-    makes the draws of two pipelines, two parameter sets or two starts of a statistic
-    independent under one key, while a replay or a restart of the same statistic
-    re-derives the same values.
-    """
-
-    __slots__ = ("_inner", "_scope")
-
-    def __init__(self, inner: NoiseSource, scope: NodeId) -> None:
-        """Scope ``inner``.
-
-        Args:
-            inner: the source that draws the values.
-            scope: the statistic's identity, e.g. (app id, name, fingerprint, start tick).
-        """
-        node_bytes(scope)
-        self._inner = inner
-        self._scope = tuple(scope)
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        """The inner source's noise of ``scope + node``.
-
-        Args:
-            node: the node within the statistic.
-            scale: b > 0.
-
-        Returns:
-            The noise.
-        """
-        return self._inner.discrete_laplace((*self._scope, *node), scale)
-
-    def __repr__(self) -> str:
-        return f"ScopedNoise({self._inner!r}, {self._scope!r})"
-
-
-class SeededNoise:
-    """Test source: sequential draws from a local PCG64 generator; the node is ignored."""
-
-    def __init__(self, seed: int) -> None:
-        """Seed a private generator (the global numpy and random states are untouched).
-
-        Args:
-            seed: integer >= 0.
-        """
-        check_int_ge("seed", seed, 0)
-        self._seed = seed
-        self._rng = np.random.Generator(np.random.PCG64(seed))
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        """The next draw at ``scale``.
-
-        Args:
-            node: validated, otherwise unused.
-            scale: b > 0.
-
-        Returns:
-            The noise.
-        """
-        node_bytes(node)
-        return sample_discrete_laplace(scale, self._rand_below)
-
-    def _rand_below(self, n: int) -> int:
-        return _generator_rand_below(self._rng, n)
-
-    def __repr__(self) -> str:
-        return f"SeededNoise(seed={self._seed})"
-
-
-class ZeroNoise:
-    """Test source: always 0. NOT private."""
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        """Zero, after the same argument checks as the real sources.
-
-        Args:
-            node: public node identity.
-            scale: b > 0.
-
-        Returns:
-            0.
-        """
-        node_bytes(node)
-        _check_scale(scale)
-        return 0
-
-    def __repr__(self) -> str:
-        return "ZeroNoise()"
-
-
-class RecordingNoise:
-    """Test source: forwards to ``inner`` and records every (node, scale, value)."""
-
-    def __init__(self, inner: NoiseSource) -> None:
-        """Wrap a source.
-
-        Args:
-            inner: the source that draws the values.
-        """
-        self.inner = inner
-        self.calls: list[tuple[NodeId, Fraction, int]] = []
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        """The inner source's value, recorded.
-
-        Args:
-            node: public node identity.
-            scale: b > 0.
-
-        Returns:
-            The noise.
-        """
-        value = self.inner.discrete_laplace(node, scale)
-        self.calls.append((node, scale, value))
-        return value
-
-    def __repr__(self) -> str:
-        return f"RecordingNoise({self.inner!r})"
-
-
-# ---------------------------------------------------------------------------------------
 # Error bars
 
 
@@ -521,31 +266,3 @@ def _chernoff_half_width(scales: tuple[Fraction, ...], alpha: float) -> float:
     # Any lam gives a valid bound, so bisection error only costs tightness (second order);
     # the factor covers floating-point rounding so the returned h never undercuts the bound.
     return bound((lo + hi) / 2) * (1 + 1e-9)
-
-
-class CachedNoise:
-    """Remembers the last ``maxsize`` node draws of a deterministic source.
-
-    A tree release re-reads the noise of every node it uses (O(log t) of them), most of
-    which were already drawn at earlier steps. For a keyed source a node's value never
-    changes, so caching it is safe and makes the noise work per step amortized O(1).
-    Do not wrap a sequential source (SeededNoise): it would repeat values on purpose.
-    """
-
-    def __init__(self, inner: NoiseSource, maxsize: int = 4096) -> None:
-        self.inner = inner
-        self.maxsize = maxsize
-        self._cache: dict[tuple[NodeId, Fraction], int] = {}
-
-    def __repr__(self) -> str:
-        return f"CachedNoise({self.inner!r}, maxsize={self.maxsize})"
-
-    def discrete_laplace(self, node: NodeId, scale: Fraction) -> int:
-        key = (node, scale)
-        value = self._cache.pop(key, None)
-        if value is None:
-            value = self.inner.discrete_laplace(node, scale)
-            if len(self._cache) >= self.maxsize:
-                del self._cache[next(iter(self._cache))]  # least recently used
-        self._cache[key] = value
-        return value

@@ -2,7 +2,8 @@
 
 A release is ``exact + sum(sign_i * noise(node_i, scale_i))``: the exact (truncated)
 running value plus the keyed noise of the public set of nodes the mechanism uses at that
-step. Its std and interval depend on the scales only, never on the data.
+step. Its std and interval depend on the scales only, never on the data: the interval is
+the exact 95% quantile of that sum of discrete Laplace noises (``exact_quantile``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .discrete_laplace import NodeId, NoiseSource, chernoff_interval, discrete_laplace_variance
+from .discrete_laplace import NodeId, discrete_laplace_variance
+from .exact_quantile import exact_half_width
+from .sources import NoiseSource
 
 # (node identity, discrete Laplace scale, sign +1 or -1)
 Term = tuple[NodeId, Fraction, int]
@@ -26,7 +29,8 @@ class TreeRelease:
         t: the step (1-based) this release is for.
         value: exact value plus noise.
         std: exact standard deviation of the noise.
-        ci95: half-width h with P(|noise| > h) <= 0.05, guaranteed (Chernoff bound).
+        ci95: the least integer h with P(|noise| > h) <= 0.05, from the noise's exact
+            distribution (guaranteed coverage, ``exact_quantile``).
     """
 
     t: int
@@ -44,7 +48,7 @@ def noise_std(terms: Sequence[Term]) -> float:
 def _error_bar(scales: tuple[Fraction, ...]) -> tuple[float, float]:
     # Releases repeat the same few multisets of scales, step after step.
     std = sum(discrete_laplace_variance(scale) for scale in scales) ** 0.5
-    return std, chernoff_interval(scales, 0.05)
+    return std, exact_half_width(scales, 0.05)
 
 
 def noisy_release(t: int, exact: int, terms: Sequence[Term], noise: NoiseSource) -> TreeRelease:
@@ -66,7 +70,7 @@ def ratio_bounds(num: float, den: float, h_num: float, h_den: float) -> tuple[fl
 
     For c >= 1 the ratio is monotone in s and in c, so its extremes are at the corners. If
     the exact numerator and denominator lie in the box (e.g. both noises inside their
-    Chernoff bounds), their exact ratio lies in the range.
+    97.5% quantiles), their exact ratio lies in the range.
 
     Example:
         >>> ratio_bounds(10, 5, 2, 1)

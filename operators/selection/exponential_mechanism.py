@@ -42,6 +42,10 @@ from fractions import Fraction
 from .. import _validate
 from ..noise import DegenerateNoise, NoiseBits
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 _START_PRECISION = 32
 _BITS_PER_REFILL = 2
 

@@ -43,6 +43,10 @@ from .. import _validate
 from ..noise import NoiseBits
 from .exponential_mechanism import probabilities, sample_index_scaled
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 TAU_RESOLUTION = 1 << 16
 """tau is rounded to a multiple of 1 / TAU_RESOLUTION grid units (never to 0)."""
 

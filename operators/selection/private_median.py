@@ -63,6 +63,10 @@ from ..noise import (
     uniform_below,
 )
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "private_median"
 
 _COIN_SCALE = Fraction(1 << 20)

@@ -42,6 +42,10 @@ from .. import _validate
 from ..noise import NoiseBits, uniform_below
 from .exponential_mechanism import probabilities, sample_index_scaled
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 FIXED_LEVELS = (Fraction(1, 10), Fraction(9, 10))
 QUANTILE_RULES = ("fixed", "optimized")
 

@@ -67,6 +67,10 @@ from ..noise import (
     noisy_release,
 )
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "expiring_tree"
 
 MAX_LAM_DENOMINATOR = 1000
@@ -361,7 +365,7 @@ def concentration_bound(spec: ExpiringTreeSpec, t: int, beta: float) -> float:
 
     nu = max(sqrt(sum b_l^2), b_max * sqrt(ln(2/beta))) and s = nu * sqrt(8 ln(2/beta))
     (Andersson et al. (expiration) Lemma B.3 with a union bound). It is the paper's bound; the
-    release's own ``ci95`` is the exact Chernoff bound of the discrete noise it actually adds. The
+    release's own ``ci95`` is the exact quantile of the discrete noise it actually adds. The
     delay bias (at most B times the largest leaf weight) comes on top.
 
     Args:

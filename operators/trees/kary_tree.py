@@ -62,17 +62,20 @@ used on one contiguous run of steps, Prop. 4.10), so with ``CachedNoise`` the ne
 per step are amortized O(1).
 
 References:
-    J. D. Andersson, R. Pagh, S. Torkamani. Improved Counting under Continual
-    Observation with Pure Differential Privacy, 2024, arXiv:2408.07021 (FORC 2025:
-    "Count on Your Elders: Laplace vs Gaussian Noise"). Alg. 1, Alg. 2, Alg. 3,
-    Lemmas 3.3, 3.5, 4.5, 4.7, Cor. 4.9, Sec. 4.3; our corrections in docs/papers.md.
+    J. D. Andersson, R. Pagh, T. A. Steiner, S. Torkamani. Count on Your Elders: Laplace
+    vs Gaussian Noise. FORC 2025, LIPIcs 329, paper 10; arXiv:2408.07021 (earlier title:
+    Improved Counting under Continual Observation with Pure Differential Privacy).
+    Alg. 1, Alg. 2, Alg. 3, Lemmas 3.3, 3.5, 4.5, 4.7, Cor. 4.9, Sec. 4.3; our corrections
+    in docs/papers.md.
     T.-H. H. Chan, E. Shi, D. Song. Private and continual release of statistics.
     ACM TISSEC 2011 (periods of growing length for unknown T).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -88,6 +91,10 @@ from ..noise import (
     noisy_release,
 )
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM_ADD = "kary_tree"
 MECHANISM_SUBTRACT = "kary_tree_subtract"
 
@@ -97,6 +104,8 @@ MECHANISM_SUBTRACT = "kary_tree_subtract"
 CHOOSER_MAX_K = 64
 # What the chooser picks: the config's names of the counters it compares.
 ChosenTree = Literal["binary", "kary", "kary_subtract"]
+# The horizons an unbounded stream's chooser weighs: 41 log-spaced T from 10^3 to 10^8.
+UNBOUNDED_HORIZONS: tuple[int, ...] = tuple(round(10 ** (3 + i / 8)) for i in range(41))
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,18 +339,71 @@ def mse(spec: KaryTreeSpec, horizon: int, continuous: bool = False) -> float:
     References:
         Lemmas 3.5 and 4.7, our exact form (W(T) via cnt_j).
     """
-    _validate.check_int_ge("horizon", horizon, 1)
-    last, _ = period_of(spec.k, horizon)
-    node_var = _node_variances(spec, last, continuous)
-    total, carried, start, length = 0, 0, 1, 1
-    for period in range(last + 1):
-        steps = min(length, horizon - start + 1)
-        weights = weight_sum(spec.k, spec.subtract, period + 1, steps)
-        total += steps * carried + weights * node_var[period]
-        carried += node_var[period]
-        start += length
-        length *= spec.k
-    return float(total / horizon)
+    return errors(spec, (horizon,), continuous)[0][0]
+
+
+def max_variance(spec: KaryTreeSpec, horizon: int, continuous: bool = False) -> float:
+    """Exact largest variance max_{t=1..T} Var(M_t) of the releases at steps 1..horizon.
+
+    Period p's releases have variance sum_{q < p} V(b_q) + w_p(tau) V(b_p), so the largest
+    is, over the periods reached, the carried variance plus the largest digit weight of
+    the steps reached times V(b_p) (``max_weight``). O(log(T)^2) operations.
+
+    Args:
+        spec: the counter's parameters.
+        horizon: T >= 1.
+        continuous: see ``variance``.
+
+    Returns:
+        The largest variance (same unit as the squared counts).
+
+    References:
+        Lemmas 3.5 and 4.7 (the per-step variance); the maximum is our exact form.
+    """
+    return errors(spec, (horizon,), continuous)[0][1]
+
+
+def errors(
+    spec: KaryTreeSpec, horizons: Sequence[int], continuous: bool = False
+) -> list[tuple[float, float]]:
+    """(``mse``, ``max_variance``) at each of ``horizons`` (ascending), in one walk over
+    the periods: the sums over the periods completed before a horizon are shared.
+
+    Args:
+        spec: the counter's parameters.
+        horizons: T_1 <= T_2 <= ..., each >= 1.
+        continuous: see ``variance``; then every sum is an exact integer times
+            2 (sensitivity / epsilon)^2, rounded once to float.
+
+    Returns:
+        One (MSE, largest variance) pair per horizon.
+    """
+    for horizon in horizons:
+        _validate.check_int_ge("horizon", horizon, 1)
+    if list(horizons) != sorted(horizons):
+        raise _validate.invalid("horizons", "ascending", horizons)
+    k, subtract = spec.k, spec.subtract
+    last, _ = period_of(k, horizons[-1])
+    factor: Fraction | int = 1
+    node_var: list = [discrete_laplace_variance(node_scale(spec, p)) for p in range(last + 1)]
+    if continuous:  # 2 b_p^2 = (p + 1)^2 * 2 (sensitivity / epsilon)^2
+        factor = 2 * (spec.sensitivity / spec.epsilon) ** 2
+        node_var = [(p + 1) ** 2 for p in range(last + 1)]
+    out = []
+    total, carried, best = 0, 0, 0  # over the completed periods
+    period, start, length = 0, 1, 1
+    for horizon in horizons:
+        while horizon >= start + length:  # period ``period`` ends before ``horizon``
+            height, var = period + 1, node_var[period]
+            total += length * carried + weight_sum(k, subtract, height, length) * var
+            best = max(best, carried + max_weight(k, subtract, height, length) * var)
+            carried += var
+            start, length, period = start + length, length * k, period + 1
+        steps, height, var = horizon - start + 1, period + 1, node_var[period]
+        squares = total + steps * carried + weight_sum(k, subtract, height, steps) * var
+        largest = max(best, carried + max_weight(k, subtract, height, steps) * var)
+        out.append((float(squares * factor / horizon), float(largest * factor)))
+    return out
 
 
 def _node_variances(spec: KaryTreeSpec, last: int, continuous: bool) -> list:
@@ -388,8 +450,8 @@ def weight_sum(k: int, subtract: bool, height: int, n: int) -> int:
 
     With c the magnitude of the lowest digit (0 for Alg. 1, m for Alg. 2) and
     M = c (k^h - 1) / (k - 1), digit l of t is the standard digit l of t + M, minus c; so
-    W(n) = sum_{l, v} |v - c| (cnt_l(v, n + M + 1) - cnt_l(v, M + 1)), where cnt_l(v, N)
-    counts the n' in [0, N) whose standard digit l is v. O(h k) operations.
+    W(n) = sum_l (D_l(n + M + 1) - D_l(M + 1)), where D_l(N) = sum_{n' < N} |s_l(n') - c|
+    over the standard digit s_l (``_digit_cost``). O(h) operations.
 
     Args:
         k: arity.
@@ -407,22 +469,90 @@ def weight_sum(k: int, subtract: bool, height: int, n: int) -> int:
         raise _validate.invalid("n", f"in [0, {tree_capacity(k, subtract, height)}]", n)
     low = (k - 1) // 2 if subtract else 0
     offset = low * (k**height - 1) // (k - 1)
-    total = 0
-    for level in range(1, height + 1):
-        for v in range(k):
-            if v != low:
-                count = _digit_count(k, level, v, n + offset + 1) - _digit_count(
-                    k, level, v, offset + 1
-                )
-                total += abs(v - low) * count
-    return total
+    return sum(
+        _digit_cost(k, level, low, n + offset + 1) - _digit_cost(k, level, low, offset + 1)
+        for level in range(1, height + 1)
+    )
 
 
-def _digit_count(k: int, level: int, v: int, bound: int) -> int:
-    """cnt_l(v, N): how many n in [0, N) have standard base-k digit ``level`` equal to v."""
-    block = k**level
+def max_weight(k: int, subtract: bool, height: int, n: int) -> int:
+    """max_{t=1..n} w(t), w(t) = ||digits of t in ``height`` digits||_1, in O(height).
+
+    As in ``weight_sum``, digit l of t is the standard digit l of N = t + M minus c, so
+    this is the largest sum_l |s_l(N) - c| over N in [M + 1, M + n]. Below the leading
+    digit where the two bounds differ, a number either takes a digit strictly between
+    theirs (and then any digits below), or follows one bound down to some position, leaves
+    it there for a digit beyond it (any digits below), or equals the bound. The largest
+    |v - c| over a digit range [a, b] is max(|a - c|, |b - c|).
+
+    Args:
+        k: arity.
+        subtract: balanced digits (odd k) if True.
+        height: number of digits h.
+        n: 1 <= n <= tree_capacity(k, subtract, height).
+
+    Returns:
+        The largest weight.
+
+    References:
+        Our exact form (docs/kary-mse.md, "unbounded streams").
+    """
+    if not 1 <= n <= tree_capacity(k, subtract, height):
+        raise _validate.invalid("n", f"in [1, {tree_capacity(k, subtract, height)}]", n)
+    low = (k - 1) // 2 if subtract else 0
+    offset = low * (k**height - 1) // (k - 1)
+    lo_digits = _standard_digits(offset + 1, k, height)
+    hi_digits = _standard_digits(offset + n, k, height)
+    widest = max(low, k - 1 - low)
+
+    def reach(a: int, b: int) -> int:  # max |v - low| over digits a..b
+        return max(abs(a - low), abs(b - low))
+
+    level, prefix = 0, 0
+    while level < height and lo_digits[level] == hi_digits[level]:
+        prefix += abs(lo_digits[level] - low)
+        level += 1
+    if level == height:
+        return prefix
+    best = 0
+    if hi_digits[level] - lo_digits[level] >= 2:
+        between = reach(lo_digits[level] + 1, hi_digits[level] - 1)
+        best = prefix + between + (height - level - 1) * widest
+    for bound, upward in ((lo_digits, True), (hi_digits, False)):
+        acc = prefix + abs(bound[level] - low)
+        for j in range(level + 1, height):
+            digit = bound[j]
+            # leave the bound at j: above the lower bound's digit, below the upper one's
+            first, last = (digit + 1, k - 1) if upward else (0, digit - 1)
+            if first <= last:
+                best = max(best, acc + reach(first, last) + (height - j - 1) * widest)
+            acc += abs(digit - low)
+        best = max(best, acc)
+    return best
+
+
+def _standard_digits(value: int, k: int, height: int) -> list[int]:
+    """The ``height`` standard base-k digits of value, most significant first."""
+    return [value // k**i % k for i in range(height - 1, -1, -1)]
+
+
+def _digit_cost(k: int, level: int, low: int, bound: int) -> int:
+    """D_l(N) = sum over n in [0, N) of |s_l(n) - low|, s_l the standard base-k digit l.
+
+    Digit l runs through 0..k-1 in runs of k^(l-1): N // k^l whole cycles, then q = r //
+    k^(l-1) whole runs (r = N mod k^l) and r mod k^(l-1) numbers with digit q.
+    """
     run = k ** (level - 1)
-    return bound // block * run + max(0, min(run, bound % block - v * run))
+    cycles, rest = divmod(bound, run * k)
+    runs, partial = divmod(rest, run)
+    return (cycles * _cost_below(k, low) + _cost_below(runs, low)) * run + partial * abs(runs - low)
+
+
+def _cost_below(q: int, low: int) -> int:
+    """sum_{v=0..q-1} |v - low|."""
+    if q <= low:
+        return q * low - q * (q - 1) // 2
+    return low * (low + 1) // 2 + (q - 1 - low) * (q - low) // 2
 
 
 def fixed_tree_mse(k: int, subtract: bool, horizon: int) -> Fraction:
@@ -509,6 +639,68 @@ def _walk(digits: tuple[int, ...], k: int) -> list[tuple[int, int, int]]:
 # Choosing the tree for a configured horizon
 
 
+def _candidates() -> list[tuple[ChosenTree, int, bool]]:
+    """The counters the choosers compare, simplest first: binary, Alg. 1, Alg. 2."""
+    candidates: list[tuple[ChosenTree, int, bool]] = [("binary", 2, False)]
+    candidates += [("kary", k, False) for k in range(3, CHOOSER_MAX_K + 1)]
+    candidates += [("kary_subtract", k, True) for k in range(3, CHOOSER_MAX_K + 1)]
+    return candidates
+
+
+@functools.lru_cache(maxsize=1)
+def choose_unbounded_tree() -> tuple[ChosenTree, int]:
+    """The counter for a stream without a horizon: least error over the ticks users see.
+
+    An unbounded stream has no T to optimise for, so we score each candidate of
+    ``choose_tree`` at every horizon T of ``UNBOUNDED_HORIZONS`` (log-spaced from 10^3 to
+    10^8 ticks: a quarter of an hour to three years of one-second ticks) by two exact
+    errors, the MSE over steps 1..T and the largest variance over them
+    (``max_variance``), each divided by the best candidate's at that T, and pick the
+    least mean of the two log-ratios over all T (``unbounded_scores``; ties to the
+    earlier candidate). With continuous-Laplace variances, 2 b^2, the scores do not
+    depend on epsilon or the sensitivity (every variance scales by
+    (sensitivity / epsilon)^2), so neither is a parameter: the result is one fixed tree,
+    ("kary_subtract", 13) (``docs/kary-mse.md``, section 6).
+
+    Returns:
+        (mechanism, k) as ``choose_tree`` returns them.
+
+    Privacy:
+        Free: a function of no data at all. The chosen counter spends its epsilon as
+        documented in ``make_kary_tree``.
+
+    References:
+        Our rule on top of Andersson-Pagh-Torkamani's Alg. 1 and 2 under this module's
+        period scheme; docs/design.md, section 5a.
+    """
+    name, k, _, _ = min(unbounded_scores(), key=lambda row: (row[2] + row[3]) / 2)
+    return name, k
+
+
+def unbounded_scores() -> list[tuple[ChosenTree, int, float, float]]:
+    """Every candidate's (name, k, MSE score, largest-variance score): the mean over
+    ``UNBOUNDED_HORIZONS`` of ln(its error / the best candidate's error at that T), in
+    ``choose_tree``'s candidate order. ``choose_unbounded_tree`` takes the least mean of
+    the two scores."""
+    rows = []
+    for name, k, subtract in _candidates():
+        spec = make_kary_tree(1, 1, ("unbounded",), k, subtract)
+        pairs = errors(spec, UNBOUNDED_HORIZONS, continuous=True)
+        rows.append((name, k, [m for m, _ in pairs], [x for _, x in pairs]))
+    best_mse = [min(row[2][i] for row in rows) for i in range(len(UNBOUNDED_HORIZONS))]
+    best_max = [min(row[3][i] for row in rows) for i in range(len(UNBOUNDED_HORIZONS))]
+    count = len(UNBOUNDED_HORIZONS)
+    return [
+        (
+            name,
+            k,
+            sum(math.log(m / b) for m, b in zip(mses, best_mse, strict=True)) / count,
+            sum(math.log(x / b) for x, b in zip(maxes, best_max, strict=True)) / count,
+        )
+        for name, k, mses, maxes in rows
+    ]
+
+
 def choose_tree(
     epsilon: float | Fraction, sensitivity: int, horizon: int, node_prefix: NodeId
 ) -> tuple[ChosenTree, int]:
@@ -542,11 +734,8 @@ def choose_tree(
         small T.
     """
     _validate.check_int_ge("horizon", horizon, 1)
-    candidates: list[tuple[ChosenTree, int, bool]] = [("binary", 2, False)]
-    candidates += [("kary", k, False) for k in range(3, CHOOSER_MAX_K + 1)]
-    candidates += [("kary_subtract", k, True) for k in range(3, CHOOSER_MAX_K + 1)]
     best: tuple[float, ChosenTree, int] | None = None
-    for name, k, subtract in candidates:
+    for name, k, subtract in _candidates():
         spec = make_kary_tree(epsilon, sensitivity, node_prefix, k, subtract)
         error = mse(spec, horizon)
         if best is None or error < best[0]:

@@ -33,6 +33,10 @@ from ..noise import (
 )
 from . import kary_tree
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "binary_tree"
 
 

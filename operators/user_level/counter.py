@@ -6,7 +6,11 @@ time its output tau~ changes (always at t = 1) a new truncation instance j start
 binary tree on an infinite stream (Dong-Luo-Yi Alg. 2, ``tree_counter``) over
 Truncate(D, tau~) for the WHOLE prefix, with node noise Lap((l+1) m tau~ / epsilon_inst_j)
 and epsilon_inst_j = epsilon theta / (2 (j+1)^(1+theta)). Only the newest instance
-releases; released values are never changed.
+releases; released values are never changed. With ``tree`` = ("kary", k) or
+("kary_subtract", k) every instance runs that k-ary tree of ``kary_tree`` instead (same
+period scale, its own node ids ``instance_tree``): a k-ary release needs only the exact
+running total of its leaves and their L1 sensitivity, both of which the re-admission
+below provides (docs/design.md, section 5a).
 
 Design: rank bands instead of per-user overflow FIFOs
 -----------------------------------------------------
@@ -101,6 +105,7 @@ import numpy as np
 
 from .. import _validate
 from ..noise import NodeId, NoiseSource, Term, TreeRelease, noisy_release
+from ..trees import kary_tree
 from ..trees.tree_counter import period_of
 from .svt import (
     LOG,
@@ -115,7 +120,14 @@ from .svt import beta_spent as _beta_spent
 from .svt import guaranteed_stop_level as _guaranteed_stop_level
 from .svt import spent_epsilon as _tracker_spent
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "user_level"
+
+BINARY: tuple[kary_tree.ChosenTree, int] = ("binary", 2)
+"""The instances' tree unless the spec names another: Dong-Luo-Yi's binary tree."""
 
 Vector = tuple[int, ...]
 """A node's exact content: flat index ``band * bins + bin`` (trailing zeros trimmed)."""
@@ -144,6 +156,10 @@ class UserLevelSpec:
         practical_instances: use the shifted practical series for the instances too
             (App. C-A leaves it open; default: the original series).
         tracker: the tracker's spec (epsilon/2, beta/2, practical mode, test hook).
+        tree: the counter every instance runs, as ``kary_tree.choose_tree`` names it:
+            ``BINARY`` (Dong-Luo-Yi Alg. 2, the default), ("kary", k) or
+            ("kary_subtract", k) (Andersson-Pagh-Torkamani Alg. 1 or 2 under
+            ``kary_tree``'s period scheme; docs/design.md, section 5a).
     """
 
     name: str
@@ -154,6 +170,7 @@ class UserLevelSpec:
     multiplier: int
     practical_instances: bool
     tracker: ContributionTrackerSpec
+    tree: tuple[kary_tree.ChosenTree, int] = BINARY
 
 
 def make_user_level(
@@ -167,6 +184,7 @@ def make_user_level(
     practical: bool = False,
     practical_instances: bool = False,
     forced_schedule: Sequence[tuple[int, int]] = (),
+    tree: tuple[kary_tree.ChosenTree, int] = BINARY,
 ) -> UserLevelSpec:
     """Validate and build a UserLevelSpec.
 
@@ -181,6 +199,8 @@ def make_user_level(
         practical_instances: shifted series for the instances as well.
         forced_schedule: TEST HOOK forcing tau~: change points ((t, tau), ...), powers of
             two >= the start, non-decreasing. NOT private.
+        tree: the instances' counter (see UserLevelSpec): ``BINARY``, ("kary", k >= 2)
+            or ("kary_subtract", k >= 3).
 
     Returns:
         The spec.
@@ -190,7 +210,9 @@ def make_user_level(
 
     Privacy:
         epsilon-DP under whole-user neighbours with multiplier 1, and under "any subset"
-        neighbours with multiplier 2 (Alg. 5; any-subset neighbours, docs/papers.md).
+        neighbours with multiplier 2 (Alg. 5; any-subset neighbours, docs/papers.md),
+        whichever tree the instances run: each is epsilon_inst_j-DP for leaf streams whose
+        L1 distance is at most m tau~ (docs/design.md, section 5a).
     """
     eps = _validate.exact_fraction("epsilon", epsilon)
     _validate.check_positive("epsilon", eps)
@@ -200,6 +222,7 @@ def make_user_level(
     _validate.check_int_ge("multiplier", multiplier, 1)
     if not isinstance(practical_instances, bool):
         raise _validate.invalid("practical_instances", "a bool", practical_instances)
+    _check_tree(tree, eps)
     tracker = make_contribution_tracker(
         name, eps / 2, b / 2, theta, practical=practical, forced_schedule=forced_schedule
     )
@@ -212,7 +235,20 @@ def make_user_level(
         multiplier=multiplier,
         practical_instances=practical_instances,
         tracker=tracker,
+        tree=(tree[0], tree[1]),
     )
+
+
+def _check_tree(tree: tuple[kary_tree.ChosenTree, int], epsilon: Fraction) -> None:
+    expected = '("binary", 2), ("kary", k) or ("kary_subtract", k)'
+    if not isinstance(tree, (tuple, list)) or len(tree) != 2:
+        raise _validate.invalid("tree", expected, tree)
+    name, k = tree
+    if (name, k) == BINARY:
+        return
+    if name not in ("kary", "kary_subtract"):
+        raise _validate.invalid("tree", expected, tree)
+    kary_tree.make_kary_tree(epsilon, 1, ("tree",), k, subtract=name == "kary_subtract")
 
 
 # ---------------------------------------------------------------------------------------
@@ -596,7 +632,8 @@ def _instance_scales(spec: UserLevelSpec, instance: int, tau: int) -> list[Fract
 def release_nodes(
     spec: UserLevelSpec, t: int, instance: int, tau: int
 ) -> list[tuple[TreeNode, NodeId, Fraction]]:
-    """The nodes the release at t uses: (exact node, noise id WITHOUT the bin suffix, scale).
+    """The binary tree's nodes the release at t uses: (exact node, noise id WITHOUT the bin
+    suffix, scale); ``noise_terms`` gives any tree's.
 
     Append the bin r to the id: ``(*node_id, r)``.
     """
@@ -618,11 +655,38 @@ def release_nodes(
     return out
 
 
+def instance_tree(spec: UserLevelSpec, instance: int, tau: int) -> kary_tree.KaryTreeSpec:
+    """The k-ary counter instance j runs when ``spec.tree`` is not ``BINARY``: over the
+    whole truncated prefix, epsilon_inst_j, leaf sensitivity m tau~ (node scale
+    (p+1) m tau~ / epsilon_inst_j, as the binary tree's), nodes under (name, "inst", j)."""
+    name, k = spec.tree
+    return kary_tree.KaryTreeSpec(
+        epsilon=epsilon_instance(spec, instance),
+        sensitivity=spec.multiplier * tau,
+        node_prefix=(spec.name, "inst", instance),
+        k=k,
+        subtract=name == "kary_subtract",
+    )
+
+
+def noise_terms(spec: UserLevelSpec, t: int, instance: int, tau: int) -> list[Term]:
+    """(node id WITHOUT the bin suffix, scale, sign) of every noise the release at t adds in
+    instance j: the binary tree's ``release_nodes``, else ``kary_tree.release_terms``."""
+    if spec.tree == BINARY:
+        return [(node_id, scale, 1) for _, node_id, scale in release_nodes(spec, t, instance, tau)]
+    return kary_tree.release_terms(instance_tree(spec, instance, tau), t)
+
+
 def release_terms(spec: UserLevelSpec, t: int, instance: int, tau: int, r: int) -> list[Term]:
-    """The noise terms (node id, scale, +1) of bin r's release at t in instance j."""
+    """The noise terms (node id, scale, sign) of bin r's release at t in instance j."""
     return [
-        (node_id + (r,), scale, 1) for _, node_id, scale in release_nodes(spec, t, instance, tau)
+        ((*node_id, r), scale, sign) for node_id, scale, sign in noise_terms(spec, t, instance, tau)
     ]
+
+
+def release_scales(spec: UserLevelSpec, t: int, instance: int, tau: int) -> list[Fraction]:
+    """The scales of the noises every bin's release at t adds in instance j (public)."""
+    return [scale for _, scale, _ in noise_terms(spec, t, instance, tau)]
 
 
 def release_bins(
@@ -647,16 +711,16 @@ def release_bins(
     """
     if tree.t != bound.t:
         raise _validate.invalid("tree.t", f"bound.t = {bound.t}", tree.t)
-    nodes = release_nodes(spec, bound.t, bound.instance, bound.tau)
+    # The sum of the exact nodes is the running total; node_values is linear in it.
     exact = [0] * spec.bins
-    for node, _, _ in nodes:
-        for r, value in enumerate(node_values(exact_node(tree, node))):
-            exact[r] += value
+    for r, value in enumerate(node_values(exact_tree_total(tree))):
+        exact[r] += value
+    terms = noise_terms(spec, bound.t, bound.instance, bound.tau)
     # Every bin uses the same public scales, so bin 0's error bar serves them all.
-    first = noisy_release(bound.t, exact[0], [(nid + (0,), b, 1) for _, nid, b in nodes], noise)
+    first = noisy_release(bound.t, exact[0], [((*n, 0), b, sign) for n, b, sign in terms], noise)
     out = [first]
     for r in range(1, spec.bins):
-        value = exact[r] + sum(noise.discrete_laplace(nid + (r,), b) for _, nid, b in nodes)
+        value = exact[r] + sum(sign * noise.discrete_laplace((*n, r), b) for n, b, sign in terms)
         out.append(TreeRelease(t=bound.t, value=value, std=first.std, ci95=first.ci95))
     return tuple(out)
 

@@ -40,8 +40,12 @@ from fractions import Fraction
 
 from .. import _validate
 from ..errors import InvalidOperatorConfig
-from ..noise import NoiseSource, TreeRelease, chernoff_interval
+from ..noise import NoiseSource, TreeRelease, exact_half_width
 from . import counter as ul
+
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
 
 MECHANISM = "deletions"
 
@@ -91,7 +95,7 @@ class DeletionsRelease:
     Attributes:
         t: the tick.
         bins: per bin, value = F~_ins - F~_del with the exact std of the difference's
-            noise and a guaranteed 95% half-width (Chernoff over both sides' terms).
+            noise and its exact 95% half-width (the quantile of both sides' terms together).
         inserts: the insertion side's release (tau~, instance, per-bin values).
         deletes: the deletion side's release.
     """
@@ -233,9 +237,9 @@ def step(
     scales = tuple(
         scale
         for side_spec, rel in ((spec.inserts, ins), (spec.deletes, dele))
-        for _, _, scale in ul.release_nodes(side_spec, t, rel.instance, rel.tau)
+        for scale in ul.release_scales(side_spec, t, rel.instance, rel.tau)
     )
-    ci95 = chernoff_interval(scales, 0.05)
+    ci95 = exact_half_width(scales, 0.05)
     bins = tuple(
         TreeRelease(
             t=t,

@@ -62,6 +62,10 @@ from .. import _validate
 from ..noise import NoiseSource
 from . import counter as ul
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM = "distinct_count"
 
 NO_TICK = 0

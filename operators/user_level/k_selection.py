@@ -74,6 +74,10 @@ from .. import _validate
 from ..noise import NoiseSource
 from . import counter as ul
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 Bin = tuple[int, int]
 """(level i, bin b), both 1-based: bin b of level i is [(b - 1) 2^(i-1) + 1, b 2^(i-1)]."""
 
@@ -668,7 +672,7 @@ def _delta_function(
         per_bin = ul.noise_u(taus[0], t, spec.epsilon, spec.beta / spec.R, spec.theta)
         return lambda r: math.sqrt(spec.domain - r + 1) * per_bin
     level_scales = [
-        tuple(scale for _, _, scale in ul.release_nodes(level_spec, t, s.instance, s.tau))
+        tuple(ul.release_scales(level_spec, t, s.instance, s.tau))
         for level_spec, s in zip(spec.levels, states, strict=True)
     ]
     return chernoff_margin(level_scales, spec.domain, spec.dyadic, float(spec.beta) / spec.R)

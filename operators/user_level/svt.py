@@ -62,6 +62,10 @@ from fractions import Fraction
 from .. import _validate
 from ..noise import NodeId, NoiseSource, node_bytes
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 MECHANISM_SVT = "above_threshold"
 MECHANISM_TRACKER = "contribution_tracker"
 

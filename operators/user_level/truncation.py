@@ -16,6 +16,10 @@ import numpy as np
 
 from .. import _validate
 
+# In every statistic's fingerprint: raise it when the same input and noise would release
+# anything else (a fixed bug, a changed algorithm), so a running statistic is refused.
+VERSION = 1
+
 
 @dataclass(frozen=True, slots=True)
 class TruncationSpec:
@@ -35,10 +39,14 @@ def admit(spec: TruncationSpec, used: int, weight: int = 1) -> int:
     A count item has weight 1; a batched sum item keeps ``clip(tau - used, 0, weight)``
     units, so the item that straddles tau is kept partly (our batched form of
     Dong-Luo-Yi Sec. IV-A, whose unit sub-steps it reproduces).
+
+    Whatever ``used`` and ``weight`` are, the result is in [0, tau]: a negative ``used``
+    counts as 0 and a negative weight keeps nothing, so no input lets a user's kept
+    units exceed tau (the sensitivity the tree is run with).
     """
-    return min(max(spec.tau - used, 0), weight)
+    return max(min(spec.tau - max(used, 0), weight), 0)
 
 
 def admit_many(spec: TruncationSpec, used: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """``admit`` of many items at once (int64 arrays of the same shape)."""
-    return np.minimum(np.maximum(spec.tau - used, 0), weight)
+    return np.maximum(np.minimum(spec.tau - np.maximum(used, 0), weight), 0)

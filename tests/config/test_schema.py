@@ -26,6 +26,16 @@ from tests.config_builders import MINIMAL, minimal
         ({"input__topics": ["dp.events"]}, "input.topics[0]: 'dp.events' is a topic dpstream"),
         ({"input__user_id_field": "actor."}, "input.user_id_field: must be a field name"),
         ({"ticks__interval_seconds": 0}, "ticks.interval_seconds: Input should be greater than 0"),
+        (
+            {"ticks__release_delay_seconds": 0.49},
+            "ticks.release_delay_seconds: must be at least 0.5 (the clock's marker period "
+            "min(interval_seconds / 4, 1) = 0.25 s plus 0.25 s for stage 1 and stage 2), got 0.49",
+        ),
+        (
+            {"ticks__interval_seconds": 60, "ticks__release_delay_seconds": 1.2},
+            "ticks.release_delay_seconds: must be at least 1.25 (the clock's marker period "
+            "min(interval_seconds / 4, 1) = 1 s plus",
+        ),
         ({"privacy__total_epsilon": 0.5}, "privacy.total_epsilon: statistics spend 1 in total"),
         ({"privacy__neighbours": "event"}, "privacy.neighbours: Input should be 'whole_user'"),
         ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
@@ -158,3 +168,18 @@ def test_a_dumped_config_parses_again():
     }  # fmt: skip
     cfg = parse_config(data)
     assert parse_config(cfg.model_dump(mode="json", by_alias=True)) == cfg
+
+
+@pytest.mark.parametrize(
+    ("ticks", "delay"),
+    [
+        ({}, 1.25),  # 1 s ticks: the marker period 0.25 s plus 1 s
+        ({"interval_seconds": 0.5}, 1.125),
+        ({"interval_seconds": 3600}, 2.0),  # the clock looks every second at most
+        ({"interval_seconds": 1, "release_delay_seconds": 0.5}, 0.5),  # the least allowed
+    ],
+)
+def test_the_release_delay_defaults_to_the_marker_period_plus_a_second(ticks, delay):
+    cfg = parse_config({**MINIMAL, "ticks": ticks})
+    assert cfg.ticks.release_delay == delay
+    assert cfg.ticks.marker_period_seconds == min(cfg.ticks.interval_seconds / 4, 1.0)

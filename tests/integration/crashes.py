@@ -355,6 +355,7 @@ def exported(bootstrap: str, worker: WorkerProcess, env: dict[str, str], directo
         [*CLI, "export-log", *config, "--bootstrap", bootstrap, "--out", str(log_path)],
         check=True,
         timeout=120,
+        env={**os.environ, **env},  # with the key: the log's MAC, which keyed replay needs
     )
     out = {"log": log_path.read_bytes().splitlines(), "replayed": None}
     if worker.cfg.noise.mode.value == "keyed":

@@ -6,6 +6,7 @@ pipeline == replay with the same key, and the README's plugin example.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -102,6 +103,8 @@ def pipeline_equals_replay_with_the_same_key(
             str(log_path),
         ],
         check=True,
+        # With the key: the log ends with its MAC, which a keyed replay requires.
+        env={**os.environ, "DPSTREAM_TEST_KEY": key},
     )
     out = subprocess.run(
         [*cli, "replay", "--config", str(worker.config_path), "--events", str(log_path)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -24,7 +25,9 @@ from confluent_kafka import Consumer, TopicPartition
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.broker import containers_required, docker_available
-from dpstream.pipeline.clients import export_log, make_producer, produce_events
+from dpstream.pipeline.clients import make_producer, produce_events
+from dpstream.pipeline.export import LOG_MAC, export_log
+from dpstream.pipeline.ledger import LOG_HEADER
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.worker_support import load_noise, spawn_worker, stop_worker
 from dpstream.testing.pipeline import unique_names  # the plugin's: one way to name a test's topics
@@ -131,12 +134,15 @@ def pipeline_config(noise: dict) -> dict:
 
 
 class TopicReader:
-    """Reads a single-partition topic from its start, keeping every record in order
+    """Reads a single-partition topic from its start, keeping every record in order, with
+    its Kafka timestamp (ms) and when this reader received it (``time.time()``)
     (``client``: librdkafka settings to add, e.g. a secured broker's and a group its
     ACLs cover)."""
 
     def __init__(self, bootstrap: str, topic: str, client: dict | None = None) -> None:
         self.records: list[bytes] = []
+        self.timestamps: list[int] = []
+        self.seen: list[float] = []
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -147,14 +153,39 @@ class TopicReader:
             }
         )
         self._consumer.assign([TopicPartition(topic, 0, 0)])
+        self._following: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _poll(self, timeout: float) -> bool:
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return False
+        if not msg.error():
+            self.seen.append(time.time())
+            self.timestamps.append(msg.timestamp()[1])
+            self.records.append(msg.value())  # last: a record read has its time
+        return True
 
     def drain(self) -> list[dict]:
-        while (msg := self._consumer.poll(0.2)) is not None:
-            if not msg.error():
-                self.records.append(msg.value())
-        return [orjson.loads(r) for r in self.records]
+        if self._following is None:
+            while self._poll(0.2):
+                pass
+        return [orjson.loads(r) for r in self.records[:]]
+
+    def follow(self) -> None:
+        """Read in a thread of its own until ``close``: ``seen`` is then when each record
+        reached the consumer, not when a test got round to polling."""
+        self._following = threading.Thread(target=self._follow, daemon=True)
+        self._following.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            self._poll(0.05)
 
     def close(self) -> None:
+        if self._following is not None:
+            self._stop.set()
+            self._following.join()
         self._consumer.close()
 
 
@@ -253,6 +284,8 @@ def truncated_counts(log: list[bytes], cfg) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = defaultdict(dict)
     for line in log:
         obj = orjson.loads(line)
+        if LOG_HEADER in obj or LOG_MAC in obj:
+            continue
         if "user_id" not in obj:
             for s in cfg.statistics:
                 out[s.name][obj["tick"]] = total[s.name]

@@ -219,7 +219,7 @@ def test_compose_worker_sigkill_restart_releases_equal_replay(compose, tmp_path)
         for s in cfg.statistics
     }
     log_path = tmp_path / "events.jsonl"
-    cli("export-log", *config, *at, "--out", str(log_path))
+    cli("export-log", *config, *at, "--out", str(log_path), env=compose.env)  # signed
     replayed_lines = cli("replay", *config, "--events", str(log_path), env=compose.env).splitlines()
     replayed: dict[str, list[bytes]] = {s.name: [] for s in cfg.statistics}
     for line in replayed_lines:

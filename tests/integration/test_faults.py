@@ -38,8 +38,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import LocalKafka
-from dpstream.pipeline.clients import export_log, make_producer, produce_events
+from dpstream.pipeline.clients import make_producer, produce_events
 from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
+from dpstream.pipeline.export import export_log
 from dpstream.pipeline.records import partition_for
 from dpstream.pipeline.topics import changelog_topics, group_id
 from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker

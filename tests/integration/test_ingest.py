@@ -32,12 +32,14 @@ import yaml
 from confluent_kafka import Consumer, Producer
 
 from dpstream.config.schema import parse_config
-from dpstream.pipeline.clients import export_log, read_topic
+from dpstream.pipeline.clients import read_topic
 from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
+from dpstream.pipeline.export import export_log
 from dpstream.pipeline.ingest import Ingest, consumer_config, source_lag
-from dpstream.pipeline.records import decode_envelope
+from dpstream.pipeline.records import decode_envelope, rules_fingerprint
+from dpstream.pipeline.statistic import Report
 from dpstream.pipeline.topics import ensure_topics
-from dpstream.pipeline.worker_support import spawn_worker
+from dpstream.pipeline.worker_support import limits_for, spawn_worker
 from dpstream.testing import unique_names
 from tests.integration import producers
 from tests.integration.support import (
@@ -100,9 +102,12 @@ def start(
     data: dict,
     env: dict | None = None,
     command: tuple[str, ...] = ("worker",),
+    name: str = "",
 ) -> WorkerProcess:
+    """``dpstream <command>`` on ``data`` (``name``: its config file's, when two processes
+    of one app id run on different configurations)."""
     cfg = parse_config(data)
-    path = directory / f"{cfg.app_id}.yaml"
+    path = directory / f"{cfg.app_id}{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     log = directory / f"{cfg.app_id}.{time.monotonic_ns()}.log"
     proc = spawn_worker(path, bootstrap, log, env, command=command)
@@ -510,3 +515,106 @@ def test_ctrl_c_in_a_terminal_stops_the_worker_and_its_ingest_cleanly(bootstrap,
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text(errors="replace")
     assert "KeyboardInterrupt" not in text and "Traceback" not in text, text[-3000:]
+
+
+def test_a_stand_alone_ingest_with_another_partition_count_is_refused_at_start(bootstrap, tmp_path):
+    """Its envelopes would go to partitions whose stage 1 does not own their users (one
+    user counted on two partitions: twice its bound). ``dpstream ingest`` refuses to start,
+    naming input.partitions, before it reads a record."""
+    data, _ = counting_pipeline(bootstrap)
+    ensure_topics(parse_config(data), bootstrap)  # the worker's topics: 4 partitions
+    drifted = {**data, "input": {**data["input"], "partitions": 8}}
+    ingest = start(bootstrap, tmp_path, drifted, command=("ingest",), name="-drifted")
+    try:
+        assert ingest.proc.wait(60) == 2, ingest.log_tail()
+    finally:
+        ingest.stop()
+    events_topic = parse_config(data).events_topic
+    assert (
+        f"config error: input.partitions: topic {events_topic!r} has 4 partitions, "
+        "the config says 8"
+    ) in ingest.log_path.read_text()
+    # It never read a record: its group committed nothing.
+    assert all(
+        row["committed"] is None for row in source_lag(parse_config(data), bootstrap).values()
+    )
+
+
+def test_a_rolling_change_that_adds_a_sum_counts_nothing_the_old_ingest_let_through(
+    bootstrap, tmp_path
+):
+    """The worker runs the new configuration (a count and, new, a sum with R = 10); an
+    ingest still on the old one (the count alone, which ignores values) sends it events
+    with ``value: 1e6``. Stage 1 dead-letters every event of the old ingest's envelopes
+    (another rules fingerprint) with the reason and the event's source position, the
+    worker keeps running, and once the new ingest takes over the releases are the exact
+    counts and sums of what it accepted (zero noise, tau above every user's total). A
+    report of a statistic the new configuration removed is skipped, with one warning."""
+    names = unique_names({})
+    source = names["input"]["topics"][0]
+    producers.create_source_topic(bootstrap, source, partitions=4)
+    count = {"name": "n", "epsilon": 1.0, "tau": TAU}
+    revenue = {"name": "revenue", "kind": "sum", "max_value": 10, "epsilon": 1.0, "tau": TAU}
+    new = config([source], [count, revenue], names)
+    old = config([source], [count], names)
+    worker = start(bootstrap, tmp_path, new, command=("worker", "--ingest", "off"), name="-w")
+    rd = readers(bootstrap, worker)
+    ingests = []
+    try:
+        wait_until(lambda: latest(rd["n"]) is not None, 90, "the first release", worker)
+        ingests.append(start(bootstrap, tmp_path, old, command=("ingest",), name="-old"))
+        before = [{"user_id": f"u{i % 7}", "value": [1e6, 3][i % 2]} for i in range(20)]
+        producers.produce_confluent_default(bootstrap, source, before, keyed=True)
+        wait_until(
+            lambda: len(rd["_dead"].drain()) >= len(before),
+            90,
+            "the old ingest's events dead-lettered",
+            worker,
+        )
+        gone = Report("gone", 0, 0, 0, {"w": 5}).to_json()
+        stage2 = Producer({"bootstrap.servers": bootstrap})
+        for _ in range(2):  # a stage 1 whose configuration still has statistic "gone"
+            stage2.produce(worker.cfg.stage2_topic, orjson.dumps(gone), key=b"gone")
+        assert stage2.flush(30) == 0
+        ingests[0].stop()
+        assert ingests[0].proc.returncode == 0, ingests[0].log_tail()
+        ingests.append(start(bootstrap, tmp_path, new, command=("ingest",), name="-new"))
+        after = [{"user_id": f"u{i % 7}", "value": [1e6, 3, 7][i % 3]} for i in range(30)]
+        producers.produce_confluent_default(bootstrap, source, after, keyed=True)
+        good = [e for e in after if e["value"] <= 10]
+        exact = (len(good), sum(e["value"] for e in good))
+        wait_until(
+            lambda: (latest(rd["n"]), latest(rd["revenue"])) == exact,
+            90,
+            "the new ingest's events released",
+            worker,
+        )
+        worker.assert_running()
+        releases = {s.name: rd[s.name].records[:] for s in worker.cfg.statistics}
+        dead = rd["_dead"].drain()
+    finally:
+        for r in rd.values():
+            r.close()
+        for ingest in ingests:
+            ingest.stop()
+        worker.stop()
+    rules = {
+        tag: rules_fingerprint(limits_for(parse_config(d)), 4)
+        for tag, d in (("old", old), ("new", new))
+    }
+    refused = (
+        f"stage 1: envelope made under other rules ({rules['old']}, this stage 1's: {rules['new']})"
+    )
+    by_stage1 = [d for d in dead if d["reason"].startswith("stage 1: ")]
+    assert [d["reason"] for d in by_stage1] == [refused] * len(before)
+    assert all(d["topic"] == source and d["index"] == 0 for d in by_stage1)
+    assert sorted(d["payload"] for d in by_stage1) == sorted(
+        orjson.dumps({"user_id": e["user_id"], "value": float(e["value"])}).decode() for e in before
+    )
+    by_ingest = [d["reason"] for d in dead if not d["reason"].startswith("stage 1: ")]
+    assert by_ingest == ["value outside [1, 10] (statistic revenue)"] * (len(after) - len(good))
+    assert all(orjson.loads(r)["value"] >= 0 for rs in releases.values() for r in rs)
+    text = worker.log_path.read_text(errors="replace")
+    assert "internal error" not in text and "Traceback" not in text
+    assert text.count("skipping reports of statistic gone") == 1
+    assert_equal_to_replay(worker.cfg, bootstrap, releases, least=1)

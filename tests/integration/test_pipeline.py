@@ -16,7 +16,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from dpstream.pipeline.clients import export_log
+from dpstream.pipeline.export import export_log
 from dpstream.pipeline.records import partition_for
 from dpstream.testing import unique_names
 from tests.integration.scenarios import USERS, drive, pipeline_equals_replay_with_the_same_key

@@ -1,6 +1,7 @@
-"""Helpers the operator tests share: an exact binomial tail bound, and the exact output
-likelihood of tree counters (the privacy sanity checks of the expiring and round-restart
-counters). A plain module, so that no test module imports another."""
+"""Helpers the operator tests share: an exact binomial tail bound, the chi-square survival
+function, and the exact output likelihood of tree counters (the privacy sanity checks of
+the expiring and round-restart counters). A plain module, so that no test module imports
+another."""
 
 from __future__ import annotations
 
@@ -172,3 +173,41 @@ def sum_kurtosis(scales: Sequence[Fraction]) -> float:
     parts = [discrete_laplace_kurtosis_terms(s) for s in scales]
     var = sum(v for v, _ in parts)
     return 3 + sum(c for _, c in parts) / var**2
+
+
+def regularized_upper_gamma(a: float, x: float) -> float:
+    """Q(a, x) = Gamma(a, x) / Gamma(a): series below a + 1, Lentz continued fraction above."""
+    if x <= 0:
+        return 1.0
+    log_prefactor = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1 / a
+        denom = a
+        while abs(term) > abs(total) * 1e-16:
+            denom += 1
+            term *= x / denom
+            total += term
+        return max(0.0, 1 - total * math.exp(log_prefactor))
+    tiny = 1e-300
+    b = x + 1 - a
+    c = 1 / tiny
+    d = 1 / b
+    frac = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        frac *= delta
+        if abs(delta - 1) < 1e-16:
+            break
+    return math.exp(log_prefactor) * frac
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """Survival function of the chi-square distribution."""
+    return regularized_upper_gamma(df / 2, x / 2)

@@ -1,18 +1,19 @@
 """The worker ends at once (pipeline/app.py): on an exception in a stage agent (crash_only)
-and when its ingest has ended."""
+and when its ingest has ended; a release deadline reaches Kafka as its exact millisecond."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from types import SimpleNamespace
 
 import pytest
 
 from dpstream.config.schema import parse_config
-from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline import app as app_module
-from dpstream.pipeline.app import HoleUnread, crash_only, create_app
+from dpstream.pipeline.app import HoleUnread, crash_only, create_app, faust_timestamp
+from dpstream.pipeline.keys import PipelineKey
 
 
 class Exited(BaseException):
@@ -116,7 +117,7 @@ def test_both_agents_of_the_worker_app_end_the_worker_on_an_exception(
 ):
     cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
                         "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
-    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    app = create_app(cfg, "127.0.0.1:9", PipelineKey.insecure_zero(), tmp_path)
     fun = app.agents[agent].fun
     # Not a JSON report, and tables that never started: a bug either way, not bad input.
     with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
@@ -152,3 +153,12 @@ def test_a_running_ingest_leaves_the_worker_running(exits, caplog):
     with caplog.at_level(logging.DEBUG):
         app_module.stop_if_ingest_ended(EndedIngest(alive=True, exitcode=None))
     assert exits == [] and caplog.records == []
+
+
+def test_a_release_deadline_reaches_kafka_as_the_exact_millisecond():
+    # Faust's send turns seconds into int(timestamp * 1000.0): a plain ms / 1000 loses a
+    # millisecond now and then (a 2004 deadline here), the half millisecond never does.
+    assert int(1_079_337_347_472 / 1000 * 1000.0) == 1_079_337_347_471
+    rng = random.Random(1)
+    for ms in [1_079_337_347_472, *(rng.randrange(4 * 10**12) for _ in range(100_000))]:
+        assert int(faust_timestamp(ms) * 1000.0) == ms

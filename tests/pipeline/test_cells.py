@@ -7,6 +7,7 @@ lattice Delta / 1024 (operators/cells/cell_mean.py), which ``lattice`` recompute
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 import random
@@ -16,11 +17,12 @@ import orjson
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
+from dpstream.operators.cells import cell_mean as cm
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.records import BadRecord, Event, decode_events, event_json, partition_for
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stage1_state import new_partition_state
-from dpstream.pipeline.stages import Stage1, Stage2, users_of_partition
+from dpstream.pipeline.stages import Stage1, Stage2
 from dpstream.pipeline.worker_support import limits_for
 
 U = 100
@@ -79,9 +81,7 @@ def run(cfg_data: dict, lines: list[bytes]) -> tuple[list[dict], list[dict], lis
         obj = orjson.loads(line)
         if "tick" in obj:
             for p, pstate in enumerate(pstates):
-                for report in stage1.close_tick(
-                    pstate, p, obj["tick"], users_of_partition(users, p, parts)
-                ):
+                for report in stage1.close_tick(pstate, p, obj["tick"], users):
                     out, entries = stage2.on_report(sstates[report.statistic], report)
                     again += out
                     ledger += entries
@@ -260,9 +260,7 @@ def test_strict_mode_doubles_the_sum_noise_under_any_subset(neighbours, factor):
     for offset, line in enumerate(lines):
         obj = orjson.loads(line)
         if "tick" in obj:
-            for report in stage1.close_tick(
-                pstate, 0, obj["tick"], users_of_partition(users, 0, 1)
-            ):
+            for report in stage1.close_tick(pstate, 0, obj["tick"], users):
                 releases += stage2.on_report(sstate, report)[0]
             continue
         stage1.add_events(pstate, users, decode_events(line, None, limits_for(cfg))[0], offset, 0)
@@ -277,6 +275,99 @@ def test_strict_mode_doubles_the_sum_noise_under_any_subset(neighbours, factor):
     expected = "any_subset" if neighbours == "any_subset" else "add_remove_user"
     assert {r["neighbours"] for r in releases} == {expected}
     assert {r["noise_scale"] for r in releases} == {factor * c * U / 1.0}  # value units
+
+
+# The epoch cap across cells, exhaustively (issue 24 item 2). Strict cells admit a user
+# from the user's own spend this epoch, so under any_subset dropping some of its events
+# can move the user into cells it was dropped from: cells a and b, B = epsilon, one event
+# in each: kept in a, dropped from b; without the event in a, kept in b. Both cells'
+# inputs change. Every subset of one user's events (beside another user's fixed data) runs
+# through replay, and the real admission code decides; each released cell is epsilon-DP
+# in its input (tests/operators/cells/test_cell_mean.py, the per-cell exhaustive case),
+# so a neighbour costs epsilon per cell whose input differs.
+CAP_EVENTS = ((0, "a", 10), (0, "a", 20), (0, "b", 30), (1, "a", 40), (1, "b", 50))
+CAP_OTHER = ((0, "a", 60), (1, "b", 70))  # (tick, cell, value) of user "other"
+
+
+def cap_config(neighbours: str, epoch_cap: int) -> dict:
+    """Strict cells a and b, epsilon 1 per cell, one-tick slots, one epoch of two slots."""
+    data = cell_config(counts_public=False, mechanism="noisy_ratio", contribution_cap=1,
+                       keys=["a", "b"], slot_ticks=1, epoch_slots=2, epoch_cap=epoch_cap,
+                       total=2.0 * epoch_cap)  # fmt: skip
+    data["privacy"]["neighbours"] = neighbours
+    return data
+
+
+def cell_inputs(monkeypatch, cfg_data: dict, kept: tuple[int, ...]) -> dict[tuple, tuple]:
+    """Each released cell's input (its kept aggregates) when the user sends the events
+    ``kept`` of CAP_EVENTS, read where the pipeline hands them to the cell mechanism."""
+    inputs: dict[tuple, tuple] = {}
+    release_cell = cm.release_cell
+
+    def recording(spec, cell, aggregates, noise):
+        inputs[tuple(cell)] = tuple(aggregates)
+        return release_cell(spec, cell, aggregates, noise)
+
+    monkeypatch.setattr(cm, "release_cell", recording)
+    events = [("u", CAP_EVENTS[i]) for i in kept] + [("other", e) for e in CAP_OTHER]
+    lines = []
+    for t in (0, 1):
+        lines += [ev(user, value, cell) for user, (at, cell, value) in events if at == t]
+        lines.append(tick(t))
+    list(replay(parse_config(cfg_data), lines, ZeroNoise()))
+    monkeypatch.setattr(cm, "release_cell", release_cell)
+    assert len(inputs) == 4  # strict: both cells in both slots, whoever is kept
+    return inputs
+
+
+def worst_loss(monkeypatch, cfg_data: dict, any_subset: bool) -> int:
+    """max over neighbours of the cells whose input differs (epsilon = 1 each): D keeps
+    any subset of the user's events; D' drops any subset of those (any_subset) or all of
+    them (whole_user)."""
+    n = len(CAP_EVENTS)
+    subsets = [k for r in range(n + 1) for k in itertools.combinations(range(n), r)]
+    inputs = {kept: cell_inputs(monkeypatch, cfg_data, kept) for kept in subsets}
+    worst = 0
+    for kept in subsets:
+        for fewer in subsets if any_subset else [()]:
+            if set(fewer) <= set(kept):
+                changed = [c for c in inputs[kept] if inputs[kept][c] != inputs[fewer][c]]
+                worst = max(worst, len(changed))
+    return worst
+
+
+@pytest.mark.parametrize("epoch_cap", [1, 2])
+@pytest.mark.parametrize("neighbours", ["whole_user", "any_subset"])
+def test_strict_cells_lose_at_most_their_charge_over_every_subset_of_a_users_events(
+    monkeypatch, neighbours, epoch_cap
+):
+    """The statement's charge bounds the exhaustive worst case and equals it here: B under
+    whole_user (removing the user changes only the cells that kept it), 2B under
+    any_subset (the old charge, B, was exceeded)."""
+    data = cap_config(neighbours, epoch_cap)
+    charge = parse_config(data).privacy_statement().charges[0]
+    worst = worst_loss(monkeypatch, data, neighbours == "any_subset")
+    assert worst <= charge.epsilon
+    if neighbours == "any_subset":
+        assert worst == 2 * epoch_cap > epoch_cap
+    else:
+        assert worst == epoch_cap
+    assert charge.epsilon == worst and charge.per_epoch
+
+
+def test_the_review_two_cell_case_is_charged_2b_in_the_ledger():
+    """The review's case through stage 2: the statistic's first ledger entry charges 2B;
+    the user is kept in a and dropped from b, and kept in b once its event in a is gone."""
+    data = cap_config("any_subset", 1)
+    both = [ev("u", 10, "a"), ev("u", 30, "b"), tick(0)]
+    releases, ledger, _ = run(data, both)
+    assert ledger[0]["charged"] == 2.0 and ledger[0]["epoch_cap"] == 1.0
+    assert "2B for strict cells under any_subset" in ledger[0]["note"]
+    assert {r["cell"]: r["noisy_count"] for r in releases} == {"a": 1, "b": 0}
+    releases, _, _ = run(data, both[1:])
+    assert {r["cell"]: r["noisy_count"] for r in releases} == {"a": 0, "b": 1}
+    _, ledger, _ = run(cap_config("whole_user", 1), both)
+    assert ledger[0]["charged"] == 1.0
 
 
 def test_strict_mode_rejects_unlisted_cells_and_events_without_a_cell():
@@ -341,9 +432,7 @@ def test_slots_follow_the_marker_after_the_event_across_a_gap():
         for item in script[p]:
             offsets[p] += 1
             if isinstance(item, int):
-                for report in stage1.close_tick(
-                    pstates[p], p, item, users_of_partition(users, p, 2)
-                ):
+                for report in stage1.close_tick(pstates[p], p, item, users):
                     releases += stage2.on_report(sstate, report)[0]
             else:
                 event = Event(item[1], None, float(item[2]), cells=(("cell", "A"),))
@@ -401,7 +490,7 @@ def test_stage1_is_idempotent_for_cells_whichever_write_a_crash_lost():
         -1,
         {"X": [3, 35, [5, 10, 20]], "Y": [1, 40, [40]]},
     ]
-    reports = stage1.close_tick(full_pstate, 0, 1, lambda: full_users.items())
+    reports = stage1.close_tick(full_pstate, 0, 1, full_users)
     (report,) = reports
     slot = {"X": {"a": [3, 35, [5, 10, 20]]}, "Y": {"a": [1, 40, [40]], "b": [1, 30, [30]]}}
     assert report.payload == {"slots": {"0": slot}}

@@ -36,6 +36,7 @@ def test_check_config_accepts_the_demo_and_prints_the_budget():
     demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
     out = run("check-config", str(demo))
     assert out.returncode == 0, out.stderr
+    assert "tick 1s (released 1.25s after its end)" in out.stdout
     assert "privacy statement (whole_user neighbours):" in out.stdout
     assert "events: 1 (whole_user; tree counter, whole infinite stream)" in out.stdout
     assert (
@@ -123,3 +124,35 @@ def test_check_config_accepts_the_review_reproduction_with_the_whole_user_mean(t
     assert "counter at 0.5 (sensitivity 16) + grid-units counter at 0.5 (sensitivity 16384)" in (
         out.stdout
     )
+
+
+def test_check_config_states_twice_the_epoch_cap_for_strict_cells_under_any_subset(tmp_path):
+    # Issue 24 item 2: strict cells a and b, epsilon 0.5 per cell, epoch_cap 0.5. Under
+    # any_subset one user can lose 1.0 (2B): check-config printed 0.5 and accepted
+    # total_epsilon 0.5.
+    cells = {"name": "speed", "kind": "cell_mean", "epsilon": 0.5,
+             "cells": {"field": "cell", "keys": ["a", "b"], "mechanism": "noisy_ratio",
+                       "contribution_cap": 1, "lower": 0, "upper": 10, "step": 1,
+                       "slot_ticks": 1, "epoch_slots": 1, "epoch_cap": 0.5}}  # fmt: skip
+    data = {**GOOD, "statistics": [cells]}
+    data["privacy"] = {"total_epsilon": 1.0, "neighbours": "any_subset"}
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "speed: 1 per epoch (any_subset; 2B, epoch cap B = 0.5 over disjoint cells of epsilon "
+        "0.5 each: under any_subset, dropping some of a user's events can admit the user into "
+        "cells it was dropped from at the cap)" in out.stdout
+    )
+    assert (
+        "one user can lose at most 1 per accounting epoch (basic composition) of "
+        "total_epsilon=1" in out.stdout
+    )
+    data["privacy"]["total_epsilon"] = 0.5
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 2
+    assert "privacy.total_epsilon: statistics spend 1 in total (speed 1)" in out.stderr
+    # Whole-user neighbours: removing the user changes only the cells that kept it: B.
+    data["privacy"] = {"total_epsilon": 0.5}
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 0, out.stderr
+    assert "one user can lose at most 0.5 per accounting epoch" in out.stdout

@@ -114,7 +114,8 @@ def test_the_numpy_batch_path_is_the_event_at_a_time_definition(records, tick_ev
     slow = new_partition_state(), {}
     for offset, events in enumerate(records):
         if offset % 3 == 1:  # through the events topic's wire form
-            raw = encode_envelope("s/0", list(range(len(events))), [0] * len(events), events)
+            positions = list(range(len(events)))
+            raw = encode_envelope("s/0", positions, [0] * len(events), events, rules="r")
             batch = decode_envelope(raw).batch
         elif offset % 3 == 2:  # the tail of a re-sent envelope (``unseen``)
             batch = Batch.of([*reversed(events), Event("gone", None, 1.0), *events]).tail(
@@ -235,3 +236,40 @@ def test_replay_releases_what_the_event_at_a_time_definition_releases(stat, monk
     releases, reports = _run(cfg, monkeypatch, reference=False)
     assert releases and reports
     assert (releases, reports) == _run(cfg, monkeypatch, reference=True)
+
+
+def test_sum_values_become_units_in_0_to_r_whatever_reaches_stage_1():
+    """``value: 1e20`` became -2^63 units (``astype(int64)``), so the user's total and the
+    release went to -9.2e18; 1e6 became 1e6 units of a sum whose values are at most R."""
+    cfg = parse_config(
+        {
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 1},
+            "statistics": [{"name": "s", "kind": "sum", "max_value": 10, "tau": 100, "epsilon": 1}],
+        }
+    )
+    stage1 = Stage1(cfg)
+    values = [1e6, 1e20, float("nan"), -3.0, 5.0, 2.5]
+    batch = Batch.of([Event("u", None, v) for v in values])
+    _, rows = batch.by_user()
+    assert stage1._columns.units(batch, rows, 1).tolist() == [[10 + 10 + 0 + 0 + 5 + 2]]
+    (counting,) = stage1._columns.stats
+    by_event = [counting.contribution("+", 0, Event("u", None, v))[0] for v in values if v == v]
+    assert by_event == [10, 10, 0, 5, 2]
+
+
+@pytest.mark.parametrize(("value", "column"), [(0.0, 0), (-7.0, 0), (1.0, 0), (4.0, 3), (9.0, 3)])
+def test_a_histogram_value_outside_1_to_bins_never_leaves_the_columns(value, column):
+    """Value 0 became column -1 (so its units landed in the rank band below)."""
+    cfg = parse_config(
+        {
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 1},
+            "statistics": [
+                {"name": "h", "kind": "histogram", "bins": 4, "tau": "auto", "epsilon": 1}
+            ],
+        }
+    )
+    (counting,) = Stage1(cfg)._per_user
+    _, weights = counting.contribution("+", 0, Event("u", None, value))
+    assert weights == {f"+b0/{column}": 1}

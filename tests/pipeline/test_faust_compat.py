@@ -15,10 +15,10 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from dpstream.config.schema import parse_config
-from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline import faust_compat
 from dpstream.pipeline.app import create_app
 from dpstream.pipeline.faust_compat import recovery, transport
+from dpstream.pipeline.keys import PipelineKey
 
 
 def test_the_versions_it_was_written_for_are_checked():
@@ -33,7 +33,7 @@ def test_the_versions_it_was_written_for_are_checked():
 def test_only_the_workers_app_gets_the_fixed_transport(tmp_path):
     cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
                         "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
-    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    app = create_app(cfg, "127.0.0.1:9", PipelineKey.insecure_zero(), tmp_path)
     assert type(app.transport) is transport.Transport
     assert app.transport.Consumer is transport.Consumer
     assert (
@@ -230,7 +230,7 @@ def test_the_worker_app_runs_the_recovery_watchdog(tmp_path, monkeypatch):
     monkeypatch.setattr(faust_compat, "watch_recovery", watched.append)
     cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
                         "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
-    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    app = create_app(cfg, "127.0.0.1:9", PipelineKey.insecure_zero(), tmp_path)
     assert watched == [app]
     # It starts at the first assignment, before Faust's first recovery (app timers start
     # after it), and once.
@@ -281,7 +281,7 @@ def record(offset: int) -> SimpleNamespace:
 def worker_consumer_thread(tmp_path):
     cfg = parse_config({"privacy": {"total_epsilon": 1}, "noise": {"mode": "insecure_zero"},
                         "statistics": [{"name": "e", "epsilon": 1, "tau": 1}]})  # fmt: skip
-    thread = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path).consumer._thread
+    thread = create_app(cfg, "127.0.0.1:9", PipelineKey.insecure_zero(), tmp_path).consumer._thread
     assert type(thread) is transport.ConsumerThread
     return thread
 

@@ -142,15 +142,16 @@ def test_an_envelope_round_trips_every_field():
         Event("b", None, 2.5, True),
         Event("c", "buy", 3.0, False, (("h3", "8a2a"),)),
     ]
-    env = decode_envelope(encode_envelope("t/4", [5, 5, 9], [0, 1, 0], events))
-    assert (env.source, env.offsets, env.indexes, env.events) == (
+    env = decode_envelope(encode_envelope("t/4", [5, 5, 9], [0, 1, 0], events, rules="f00"))
+    assert (env.source, env.offsets, env.indexes, env.events, env.rules) == (
         "t/4",
         [5, 5, 9],
         [0, 1, 0],
         events,
+        "f00",
     )
-    compact = orjson.loads(encode_envelope("t/4", [1], [0], [Event("a", None, None)]))
-    assert compact == {"s": "t/4", "o": [1], "U": ["a"], "x": [0]}  # absent: not written
+    compact = orjson.loads(encode_envelope("t/4", [1], [0], [Event("a", None, None)], rules="f"))
+    assert compact == {"s": "t/4", "r": "f", "o": [1], "U": ["a"], "x": [0]}  # absent: not written
 
 
 @pytest.mark.parametrize(

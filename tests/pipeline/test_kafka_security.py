@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, parse_config
-from dpstream.pipeline import clients, ingest
+from dpstream.pipeline import clients, export, ingest
 from dpstream.pipeline.kafka_security import (
     OidcTokenProvider,
     aiokafka_kwargs,
@@ -240,11 +240,11 @@ async def build_aiokafka_clients(kwargs: dict) -> None:
 
 
 def test_the_worker_app_gets_the_credentials(certs, password_env, tmp_path):
-    from dpstream.operators.noise import ZeroNoise
     from dpstream.pipeline.app import create_app
+    from dpstream.pipeline.keys import PipelineKey
 
     cfg = parse_config({**BASE, "kafka": sasl_ssl(certs, password_env).model_dump(mode="json")})
-    app = create_app(cfg, "127.0.0.1:9", ZeroNoise(), tmp_path)
+    app = create_app(cfg, "127.0.0.1:9", PipelineKey.insecure_zero(), tmp_path)
     creds = app.conf.broker_credentials
     assert isinstance(creds, faust.SASLCredentials)
     assert creds.protocol.value == "SASL_SSL"
@@ -280,7 +280,7 @@ def test_the_producer_and_the_consumer_tools_get_the_settings(password_env, monk
     with pytest.raises(RuntimeError, match="captured"):
         clients.read_releases("b:9092", "dp.events", group="g", security=cfg.kafka)
     with pytest.raises(RuntimeError, match="captured"):
-        list(clients.export_log(cfg, "b:9092"))  # export-log's consumer
+        list(export.export_log(cfg, "b:9092"))  # export-log's consumer
     # The ingest's consumer (source topics) and producer (events topic).
     built += [ingest.consumer_config(cfg, "b:9092"), ingest.producer_config("b:9092", cfg)]
     assert len(built) == 5

@@ -98,7 +98,7 @@ def test_every_implementation_satisfies_the_contract(stat, privacy):
     assert impl.neighbours is None or isinstance(impl.neighbours, str)
     stage2 = _methods(StatisticBase)
     assert stage2 == {"parts", "merge", "step", "ledger_start"}
-    assert {"counts", "apply", "redo", "close_tick"} == PER_USER
+    assert {"counts", "apply", "redo", "close_tick", "scan_order"} == PER_USER
     assert all(callable(getattr(impl, m, None)) for m in stage2), impl
     if impl.counting is None:  # per-user state: stage 1 is the statistic's own methods
         assert all(callable(getattr(impl, m, None)) for m in PER_USER), impl

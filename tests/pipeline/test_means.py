@@ -11,12 +11,13 @@ import orjson
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
-from dpstream.operators import accounting
 from dpstream.operators.means import continual_mean as cm
 from dpstream.operators.noise import KeyedNoise, ScopedNoise, ZeroNoise
+from dpstream.pipeline import kinds
 from dpstream.pipeline.records import Event, partition_for
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stage1_state import new_partition_state
+from dpstream.pipeline.stage2_state import OFFLINE_RUN
 from dpstream.pipeline.stages import Stage1, Stage2
 
 PARTITIONS = 3
@@ -84,7 +85,8 @@ def simulated(cfg, ticks, noise) -> list[cm.MeanRelease]:
         spec, partition_of=lambda u: partition_for(u, cfg.input.partitions), feedback=False
     )
     # The pipeline draws a statistic's noise under its identity (operators.accounting).
-    scope = (cfg.app_id, stat.name, accounting.fingerprint(cfg.statistic_parameters(stat)), 100)
+    fingerprint = kinds.fingerprint(stat, cfg)
+    scope = (cfg.app_id, stat.name, fingerprint, OFFLINE_RUN.run_id, 100)
     scoped = ScopedNoise(noise, scope)
     return [sim.tick(tick, scoped) for tick in ticks]
 

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from dpstream.config.schema import ConfigError, parse_config
-from dpstream.operators import accounting
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, clip_to_grid
+from dpstream.pipeline import kinds
 from dpstream.pipeline.records import Event
 from dpstream.pipeline.replay import replay
 from dpstream.pipeline.stage1_state import new_partition_state
@@ -157,7 +157,7 @@ def test_the_mean_is_charged_and_noised_as_the_accountant_says():
         (start,) = [e for e in _ledger(cfg) if e["statistic"] == "latency" and "fingerprint" in e]
         assert start["sensitivities"] == [factor * M, factor * M * R]
         assert start["split"] == {"samples": 0.5, "units": 0.5}
-        assert start["fingerprint"] == accounting.fingerprint(params)
+        assert start["fingerprint"] == kinds.fingerprint(stat, cfg)
 
 
 def _ledger(cfg) -> list[dict]:
@@ -181,7 +181,7 @@ def _ledger(cfg) -> list[dict]:
 def test_every_parameter_of_the_mean_is_in_its_identity(change):
     def fingerprint(data: dict) -> str:
         cfg = parse_config(data)
-        return accounting.fingerprint(cfg.statistic_parameters(cfg.statistics[-1]))
+        return kinds.fingerprint(cfg.statistics[-1], cfg)
 
     base = reproduction()
     del base["statistics"][0]  # public counts admit no count

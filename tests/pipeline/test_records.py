@@ -19,6 +19,7 @@ from dpstream.pipeline.records import (
     header_kind,
     parse_event,
     partition_for,
+    release_deadline_ms,
 )
 from dpstream.pipeline.worker_support import limits_for
 from tests.config_builders import MINIMAL
@@ -182,6 +183,32 @@ def test_tick_markers_are_checked_against_their_broker_timestamp(tick, appended,
         with pytest.raises(BadRecord, match=reason):
             check_marker_time(tick, 1.0, int(appended * 1000))
     check_marker_time(tick, 1.0, None)  # no timestamp (e.g. a replay log): nothing to check
+
+
+@pytest.mark.parametrize(
+    ("appended", "reason"),
+    [
+        (11.25, None),  # tick 9 of 1 s, delay 1.25 s: its deadline is 11.25, written then
+        (9.25, None),  # within the 2 s clock skew
+        (9.2, "release marker from the future"),  # after the tick's end, before its deadline
+        (311.25, None),
+        (311.3, "release marker too old"),
+    ],
+)
+def test_release_markers_are_checked_against_their_deadline(appended, reason):
+    if reason is None:
+        check_marker_time(9, 1.0, round(appended * 1000), 1.25, "release marker")
+    else:
+        with pytest.raises(BadRecord, match=reason):
+            check_marker_time(9, 1.0, round(appended * 1000), 1.25, "release marker")
+
+
+def test_release_deadlines_are_whole_milliseconds_of_tick_end_plus_delay():
+    assert release_deadline_ms(9, 1.0, 1.25) == 11_250
+    # A deadline binary floats cannot hold exactly still gives the exact millisecond
+    # (32.3 s is 32299.999999999996 ms in floats, truncated 32299).
+    assert release_deadline_ms(309, 0.1, 1.3) == 32_300
+    assert int(((309 + 1) * 0.1 + 1.3) * 1000) == 32_299
 
 
 def test_a_dpstream_header_without_a_value_is_an_unknown_kind():

@@ -58,7 +58,8 @@ def test_what_stage1_stores_is_declared(public_counts, monkeypatch):
 def test_an_envelope_adds_its_source_position():
     driver, pstate = Stage1Driver(parse_config(minimal())), new_partition_state()
     users: dict[str, UserEntry] = {}
-    envelope = encode_envelope("src/0", [5, 5], [0, 1], [Event("a", None, None)] * 2)
+    events = [Event("a", None, None)] * 2
+    envelope = encode_envelope("src/0", [5, 5], [0, 1], events, rules=driver.rules)
     driver.on_envelope(pstate, users, 0, 0, envelope)
     assert_declared(pstate, PartitionState)
     assert pstate["sources"] == {"src/0": [5, 1]}

@@ -87,11 +87,13 @@ def test_stage1_truncates_per_statistic_and_filters_by_key():
         "b": {"used": {"all": 1}, "offset": 0},
     }
     reports = stage1.close_tick(pstate, 1, 100)
+    # ``born``: the partition state's first tick, on every report it ever sends.
     assert reports == [
-        Report("all", 1, 100, 100, {"w": 3}),
-        Report("clicks", 1, 100, 100, {"w": 1}),
+        Report("all", 1, 100, 100, {"w": 3}, born=100),
+        Report("clicks", 1, 100, 100, {"w": 1}, born=100),
     ]
     assert pstate["pending"] == {}
+    assert [r.born for r in stage1.close_tick(pstate, 1, 103)] == [100, 100]
 
 
 def _apply(stage1, pstate, users, events, offset):
@@ -164,6 +166,29 @@ def _worker_step(stage1, table, record, reports, flush_mid: bool = False) -> Non
     pstate["last_offset"] = max(pstate["last_offset"], offset)
     table["p:0"] = pstate
     table.completed += 1
+
+
+def test_a_re_added_user_never_has_a_negative_total():
+    """A re-delivered record whose user's entry holds fewer units than the record gives
+    (a corrupted entry): its units before the record were ``used`` - units < 0, which let
+    a tau-4 user keep 5 units and put its rank-band units below band 0. They count from 0."""
+    cfg = parse_config(
+        {
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 2},
+            "statistics": [
+                {"name": "c", "epsilon": 1, "tau": "auto", "practical": False},
+                {"name": "f", "epsilon": 1, "tau": 4},
+            ],
+        }
+    )
+    pstate = new_partition_state()
+    pstate["last_offset"] = 4  # the partition state lost record 5; the user's entry has it
+    users = {"u": {"used": {"c": 2, "f": 2}, "offset": 5}}
+    Stage1(cfg).add_events(pstate, users, [Event("u", None, None)] * 5, 5)
+    assert pstate["pending"]["f"] == {"w": 4}
+    bands = {k: n for k, n in pstate["pending"]["c"].items() if k.startswith("+b")}
+    assert bands == {"+b0/0": 1, "+b1/0": 1, "+b2/0": 2, "+b3/0": 1}  # units 1..5 from 0
 
 
 def test_stage1_counts_every_record_once_after_a_crash_at_any_changelog_write():

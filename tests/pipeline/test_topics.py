@@ -76,15 +76,15 @@ def metadata(brokers: int, replicas: dict[str, int]) -> SimpleNamespace:
 
 def test_a_small_cluster_and_an_under_replicated_topic_are_warned_about(caplog):
     caplog.set_level(logging.WARNING, "dpstream.pipeline.topics")
-    topics._warn_under_replicated(CFG, metadata(3, {"prod-events": 3, "dp.a": 3}), 3)
+    topics._warn_under_replicated(CFG, metadata(3, {"prod-events": 3, "dp.a": 3}))
     assert caplog.records == []
-    topics._warn_under_replicated(CFG, metadata(3, {"prod-events": 1, "clicks": 1}), 3)
+    topics._warn_under_replicated(CFG, metadata(3, {"prod-events": 1, "clicks": 1}))
     assert [r.getMessage() for r in caplog.records] == [
         "topic prod-events has 1 replica(s) where the cluster allows 3: under-replicated "
         "(add replicas with kafka-reassign-partitions)"
     ]  # the source topic is the users' business
     caplog.clear()
-    topics._warn_under_replicated(CFG, metadata(1, {}), 1)
+    topics._warn_under_replicated(CFG, metadata(1, {}))
     assert "the cluster has 1 broker(s): dpstream's new topics get replication factor 1" in (
         caplog.records[0].getMessage()
     )

@@ -3,7 +3,9 @@ environment or a file, never echoed; only 256 random-looking bits, in hex or bas
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import random
 
 import pytest
 
@@ -54,8 +56,6 @@ def test_a_key_below_256_random_looking_bits_is_refused(text):
 
 
 def test_hex_and_base64_keys_of_32_bytes_are_the_same_key():
-    import base64
-
     raw = hashlib.sha256(b"k").digest()
     forms = [raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
              base64.urlsafe_b64encode(raw).decode().rstrip("=")]  # fmt: skip
@@ -68,3 +68,47 @@ def test_the_worker_loads_a_hex_key_from_the_environment(monkeypatch):
     noise = load_noise(parse_config(data))
     assert noise.discrete_laplace(("n", 1), 10) == noise.discrete_laplace(("n", 1), 10)
     assert KEY.hex() not in repr(noise)
+
+
+SENTENCE = b"the noise key of the production pipeline is this sentence"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        # Issue 24 item 9: a passphrase that happens to be base64: 33 bytes, 29 distinct,
+        # not all text, so only the word check refuses it.
+        ("CorrectHorseBatteryStapleBlueMoonRiverDance1", "reads as words"),
+        ("correct-horse-battery-staple-blue-moon-river", "reads as words"),  # URL-safe
+        ("THEQUICKBROWNFOXJUMPSOVERTHELAZYDOGANDRUNSAWAY", "reads as words"),
+        # Hex of an ASCII sentence (58 bytes, 16 distinct), as xxd -p writes it, with and
+        # without the file's newline; base64 of it too.
+        (SENTENCE.hex(), "decodes to text"),
+        ((SENTENCE + b"\n").hex(), "decodes to text"),
+        (SENTENCE.hex().upper(), "decodes to text"),
+        (base64.b64encode(SENTENCE).decode(), "decodes to text"),
+    ],
+)
+def test_a_passphrase_in_hex_or_base64_clothing_is_refused(text, why):
+    with pytest.raises(ConfigError) as info:
+        noise_key(text.encode(), "noise.key_file")
+    message = str(info.value)
+    assert message.startswith(f"noise.key_file: the noise key {why}")
+    assert text not in message and "horse" not in message.lower()
+    assert "python -c 'import secrets; print(secrets.token_hex(32))'" in message
+
+
+@pytest.mark.parametrize("size", [32, 48, 64])
+def test_random_keys_in_every_form_secrets_writes_are_accepted(size):
+    # secrets.token_hex(n) is token_bytes(n).hex(), token_urlsafe(n) its URL-safe base64
+    # without padding, and `head -c n /dev/urandom | base64` the standard form. 3,000
+    # seeded keys per size in each form: the word check refuses a random 32-byte key with
+    # probability below 1.9e-8, the text check below 4.5e-14 (noise_key's docstring), so
+    # none may be refused.
+    rng = random.Random(f"noise keys {size}")
+    for _ in range(3000):
+        raw = rng.randbytes(size)
+        forms = [raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
+                 base64.urlsafe_b64encode(raw).decode().rstrip("=")]  # fmt: skip
+        for text in forms:
+            assert noise_key(text.encode() + b"\n", "noise.key_env") == raw

@@ -72,16 +72,50 @@ def test_strict_cells_and_counts_compose_per_epoch():
     assert "per accounting epoch" in out.describe()[-1]
 
 
-def test_any_subset_doubles_sensitivity_and_keeps_the_charges():
-    # Item 4: strict cells under any_subset state that relation; the scales double
-    # (operators/cells/cell_mean.py), the charge stays B.
+def test_any_subset_doubles_sensitivity_keeps_a_count_charge_and_doubles_strict_cells():
+    # Strict cells under any_subset state that relation; the scales double
+    # (operators/cells/cell_mean.py); a count's charge stays its epsilon, and strict cells
+    # with B = 2 are charged 2B = 4: dropping some of a user's events can admit the user
+    # into cells it was dropped from at the cap (issue 24 item 2). 1 + 4 = 5 per epoch.
     out = acc.statement(
-        "p", [count("a"), cells("speed", Fraction(2), False)], "any_subset", False, 3
+        "p", [count("a"), cells("speed", Fraction(2), False)], "any_subset", False, 5
     )
     assert [c.relation for c in out.charges] == ["any_subset", "any_subset"]
-    assert out.per_user_total == 3
+    assert [c.epsilon for c in out.charges] == [1, 4]
+    assert out.per_user_total == 5 and out.per_epoch
     assert acc.sensitivity_multiplier("any_subset") == 2
     assert acc.sensitivity_multiplier("whole_user") == 1
+    with pytest.raises(StatementError) as info:  # 5 > 3, which B alone would have passed
+        acc.statement("p", [count("a"), cells("speed", Fraction(2), False)], "any_subset",
+                      False, 3)  # fmt: skip
+    assert info.value.field == "privacy.total_epsilon"
+    assert "statistics spend 5 in total (a 1, speed 4)" in str(info.value)
+
+
+def test_the_review_two_cell_case_is_charged_twice_the_epoch_cap():
+    # Issue 24 item 2: strict cells a and b, epsilon 0.5 per cell, epoch_cap 0.5, one user
+    # with one event in each: kept in a, dropped from b at the cap; without the event in a,
+    # kept in b. Both cells' inputs change: 1.0 = 2B (the exhaustive case:
+    # tests/pipeline/test_cells.py). Under whole_user removing the user changes a only: B.
+    half = Fraction(1, 2)
+    strict = StatisticTerms("speed", "cell_mean", half, epoch_cap=half)
+    charge = acc.charge_of(strict, "any_subset")
+    assert charge.epsilon == 1 and charge.per_epoch and charge.relation == "any_subset"
+    assert charge.basis == (
+        "2B, epoch cap B = 0.5 over disjoint cells of epsilon 0.5 each: under any_subset, "
+        "dropping some of a user's events can admit the user into cells it was dropped from "
+        "at the cap"
+    )
+    assert acc.charge_of(strict, "whole_user").epsilon == half
+    out = acc.statement("p", [strict], "any_subset", False, 1)
+    assert out.to_json()["statistics"][0]["epsilon"] == 1.0
+    assert out.to_json()["per_user_total"] == 1.0
+    assert out.describe()[-1] == (
+        "  one user can lose at most 1 per accounting epoch (basic composition) of total_epsilon=1"
+    )
+    # Public counts: neighbours share the count matrix, so admissions cannot move: B.
+    public = StatisticTerms("speed", "cell_mean", half, epoch_cap=half, counts_public=True)
+    assert acc.charge_of(public, "whole_user").epsilon == half
 
 
 def test_public_counts_statistics_compose_among_themselves():
@@ -174,8 +208,8 @@ def test_the_review_reproduction_composes_a_count_and_a_whole_user_mean():
     with pytest.raises(StatementError) as info:  # 2 > 1.5
         acc.statement("p", pair, "whole_user", False, Fraction(3, 2))
     assert info.value.field == "privacy.total_epsilon"
-    # With strict cells (B = 2 per epoch) and under any_subset: 1 + 1/2 + 2 per epoch.
+    # With strict cells (B = 2 per epoch) and under any_subset: 1 + 1/2 + 2B per epoch.
     three = [count("events"), mean("latency", Fraction(1, 2)), cells("speed", Fraction(2), False)]
-    out = acc.statement("p", three, "any_subset", False, Fraction(7, 2))
-    assert out.per_user_total == Fraction(7, 2) and out.per_epoch
+    out = acc.statement("p", three, "any_subset", False, Fraction(11, 2))
+    assert out.per_user_total == Fraction(11, 2) and out.per_epoch
     assert [c.relation for c in out.charges] == ["any_subset"] * 3

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -16,17 +15,16 @@ from hypothesis import strategies as st
 from dpstream.operators.errors import InvalidOperatorConfig
 from dpstream.operators.noise import (
     KeyedNoise,
-    NoiseSource,
-    RecordingNoise,
     SeededNoise,
-    ZeroNoise,
     chernoff_interval,
     discrete_laplace_variance,
     laplace_variance,
     node_bytes,
     sample_discrete_laplace,
+    sources,
 )
-from dpstream.operators.noise import discrete_laplace as noise
+from dpstream.operators.noise import discrete_laplace as dl
+from tests.operators.support import chi2_sf
 
 KEY = b"super-secret-key-material-0123456789"
 OTHER_KEY = b"another-secret-key-material-98765"
@@ -53,44 +51,6 @@ def abs_tail(h: float, scale: Fraction) -> float:
     """Exact P(|X| > h) = 2 P(X >= floor(h) + 1) = 2 p^m / (1 + p)."""
     p = math.exp(-1 / float(scale))
     return 2 * p ** (math.floor(h) + 1) / (1 + p)
-
-
-def regularized_upper_gamma(a: float, x: float) -> float:
-    """Q(a, x) = Gamma(a, x) / Gamma(a): series below a + 1, Lentz continued fraction above."""
-    if x <= 0:
-        return 1.0
-    log_prefactor = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1:
-        term = total = 1 / a
-        denom = a
-        while abs(term) > abs(total) * 1e-16:
-            denom += 1
-            term *= x / denom
-            total += term
-        return max(0.0, 1 - total * math.exp(log_prefactor))
-    tiny = 1e-300
-    b = x + 1 - a
-    c = 1 / tiny
-    d = 1 / b
-    frac = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        delta = d * c
-        frac *= delta
-        if abs(delta - 1) < 1e-16:
-            break
-    return math.exp(log_prefactor) * frac
-
-
-def chi2_sf(x: float, df: int) -> float:
-    """Survival function of the chi-square distribution."""
-    return regularized_upper_gamma(df / 2, x / 2)
 
 
 def chi_square_p_value(samples: Sequence[int], scale: Fraction) -> float:
@@ -187,144 +147,6 @@ def test_node_bytes_rejects_other_types(bad: object) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# KeyedNoise
-
-
-def test_keyed_noise_is_deterministic_across_instances() -> None:
-    first, second = KeyedNoise(KEY), KeyedNoise(KEY)
-    cases = [
-        (("events", 0, p, 0, i), Fraction(s)) for p in range(5) for i in range(8) for s in (1, 7)
-    ]
-    values = [first.discrete_laplace(node, scale) for node, scale in cases]
-    assert [second.discrete_laplace(node, scale) for node, scale in cases] == values
-    assert [first.discrete_laplace(node, scale) for node, scale in cases] == values
-    # Determinism of a constant would be worthless.
-    assert len(set(values)) > 5
-
-
-def test_keyed_noise_depends_on_the_key() -> None:
-    nodes = [("events", 0, 0, 0, i) for i in range(200)]
-    scale = Fraction(10)
-    a = [KeyedNoise(KEY).discrete_laplace(n, scale) for n in nodes]
-    b = [KeyedNoise(OTHER_KEY).discrete_laplace(n, scale) for n in nodes]
-    # Independent draws coincide with probability sum_x P(x)^2 ~ 2.5% at scale 10.
-    assert sum(x == y for x, y in zip(a, b, strict=True)) < 40
-
-
-def test_keyed_noise_derivation_includes_the_scale() -> None:
-    source = KeyedNoise(KEY)
-    nodes = [("events", 0, 0, 0, i) for i in range(200)]
-    # With t/1 scales the sampler reads the stream nearly identically at 10 and 11, so a
-    # derivation ignoring the scale would make most of these pairs equal.
-    a = [source.discrete_laplace(n, Fraction(10)) for n in nodes]
-    b = [source.discrete_laplace(n, Fraction(11)) for n in nodes]
-    assert sum(x == y for x, y in zip(a, b, strict=True)) < 40
-
-
-def test_keyed_stream_words_differ_by_node_scale_and_key() -> None:
-    def words(key: bytes, node: tuple, scale: Fraction) -> list[int]:
-        stream = noise._KeyedStream(key, node, scale)
-        return [stream.rand_below(1 << 64) for _ in range(4)]
-
-    base = words(KEY, ("s", 1), Fraction(3))
-    assert words(KEY, ("s", 1), Fraction(3)) == base
-    assert words(KEY, ("s", 2), Fraction(3)) != base
-    assert words(KEY, ("s", 1), Fraction(3, 2)) != base
-    assert words(OTHER_KEY, ("s", 1), Fraction(3)) != base
-
-
-@pytest.mark.parametrize("text", [repr, str])
-def test_keyed_noise_repr_hides_the_key(text: Callable[[object], str]) -> None:
-    shown = text(KeyedNoise(KEY))
-    assert "KeyedNoise" in shown
-    for leak in (KEY.hex(), KEY.decode("ascii"), repr(KEY), KEY[:8].decode("ascii")):
-        assert leak not in shown
-
-
-def test_short_key_is_rejected_without_echoing_it() -> None:
-    short = b"short-secret"
-    with pytest.raises(InvalidOperatorConfig, match="key") as info:
-        KeyedNoise(short)
-    assert "short-secret" not in str(info.value)
-    assert short.hex() not in str(info.value)
-    KeyedNoise(b"k" * 16)  # the boundary itself is accepted
-
-
-def test_text_key_is_rejected_without_echoing_it() -> None:
-    with pytest.raises(InvalidOperatorConfig, match="key") as info:
-        KeyedNoise("a-text-secret-that-is-long-enough")  # type: ignore[arg-type]
-    assert "a-text-secret" not in str(info.value)
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 10, 1000, (1 << 64) + 1])
-def test_keyed_stream_rand_below_stays_in_range(n: int) -> None:
-    stream = noise._KeyedStream(KEY, ("range", n), Fraction(1))
-    assert all(0 <= stream.rand_below(n) < n for _ in range(300))
-
-
-def test_keyed_stream_rand_below_is_unbiased() -> None:
-    # n = 3 on 2 bits: a modulo reduction would give 0 half of the time.
-    stream = noise._KeyedStream(KEY, ("bias",), Fraction(1))
-    counts = np.bincount([stream.rand_below(3) for _ in range(30_000)], minlength=3)
-    stat = float(((counts - 10_000) ** 2 / 10_000).sum())
-    assert chi2_sf(stat, df=2) > 1e-4
-
-
-# ---------------------------------------------------------------------------------------
-# SeededNoise, ZeroNoise, RecordingNoise
-
-
-def test_seeded_noise_is_reproducible_and_seed_dependent() -> None:
-    a = seeded_draws(7, Fraction(5), 100)
-    assert seeded_draws(7, Fraction(5), 100) == a
-    assert seeded_draws(8, Fraction(5), 100) != a
-    assert len(set(a)) > 5
-
-
-def test_seeded_noise_leaves_global_generators_alone() -> None:
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    seeded_draws(3, Fraction(4), 200)
-    after = np.random.get_state()
-    assert random.getstate() == py_state
-    assert np_state[0] == after[0] and np_state[2:] == after[2:]
-    assert np.array_equal(np_state[1], after[1])
-
-
-def test_generator_rand_below_beyond_int64() -> None:
-    rng = np.random.Generator(np.random.PCG64(11))
-    n = 3 << 100
-    values = [noise._generator_rand_below(rng, n) for _ in range(3000)]
-    assert all(0 <= v < n for v in values)
-    # The top "digit" v // 2^100 must be uniform on {0, 1, 2}.
-    counts = np.bincount([v >> 100 for v in values], minlength=3)
-    stat = float(((counts - 1000) ** 2 / 1000).sum())
-    assert chi2_sf(stat, df=2) > 1e-4
-
-
-def test_zero_noise_is_zero_and_checks_arguments() -> None:
-    assert ZeroNoise().discrete_laplace(("a", 1), Fraction(3)) == 0
-    with pytest.raises(InvalidOperatorConfig, match="scale"):
-        ZeroNoise().discrete_laplace(("a", 1), Fraction(0))
-
-
-def test_recording_noise_forwards_and_records() -> None:
-    recorder = RecordingNoise(SeededNoise(5))
-    reference = SeededNoise(5)
-    calls = [(("n", i), Fraction(i + 1, 2)) for i in range(20)]
-    values = [recorder.discrete_laplace(node, scale) for node, scale in calls]
-    assert values == [reference.discrete_laplace(node, scale) for node, scale in calls]
-    assert recorder.calls == [(n, s, v) for (n, s), v in zip(calls, values, strict=True)]
-
-
-@pytest.mark.parametrize(
-    "source", [KeyedNoise(KEY), SeededNoise(0), ZeroNoise(), RecordingNoise(ZeroNoise())]
-)
-def test_sources_satisfy_the_protocol(source: object) -> None:
-    assert isinstance(source, NoiseSource)
-
-
-# ---------------------------------------------------------------------------------------
 # The exact sampler
 
 
@@ -332,7 +154,7 @@ def test_sources_satisfy_the_protocol(source: object) -> None:
 def test_sampler_rejects_bad_scales(bad: object) -> None:
     rng = np.random.Generator(np.random.PCG64(0))
     with pytest.raises(InvalidOperatorConfig, match="scale"):
-        sample_discrete_laplace(bad, lambda n: noise._generator_rand_below(rng, n))  # type: ignore[arg-type]
+        sample_discrete_laplace(bad, lambda n: sources._generator_rand_below(rng, n))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2)])
@@ -340,7 +162,7 @@ def test_bernoulli_exp_frequency(gamma: Fraction) -> None:
     rng = np.random.Generator(np.random.PCG64(99))
     trials = 20_000
     hits = sum(
-        noise._bernoulli_exp(gamma, lambda n: noise._generator_rand_below(rng, n))
+        dl._bernoulli_exp(gamma, lambda n: sources._generator_rand_below(rng, n))
         for _ in range(trials)
     )
     p = math.exp(-float(gamma))
@@ -491,19 +313,3 @@ def test_chernoff_is_fast_uncached() -> None:
         chernoff_interval(scales, 0.05 + i * 1e-9)  # a new alpha defeats the cache
         best = min(best, time.perf_counter() - start)
     assert best < 0.025
-
-
-def test_cached_noise_returns_the_inner_values_and_bounds_its_size():
-    from dpstream.operators.noise import CachedNoise
-
-    inner = RecordingNoise(KeyedNoise(b"c" * 32))
-    cached = CachedNoise(inner, maxsize=3)
-    nodes = [("s", 0, i) for i in range(5)]
-    first = [cached.discrete_laplace(n, Fraction(7)) for n in nodes]
-    assert first == [KeyedNoise(b"c" * 32).discrete_laplace(n, Fraction(7)) for n in nodes]
-    assert cached.discrete_laplace(nodes[4], Fraction(7)) == first[4]
-    assert len(inner.calls) == 5  # served from the cache
-    assert cached.discrete_laplace(nodes[0], Fraction(7)) == first[0]
-    assert len(inner.calls) == 6  # evicted, drawn again: same value
-    assert len(cached._cache) == 3
-    assert "c" * 32 not in repr(cached)

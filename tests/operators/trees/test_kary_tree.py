@@ -466,6 +466,63 @@ def test_weight_sum_matches_brute_force_for_every_n():
         kt.weight_sum(3, True, 3, 14)
 
 
+def test_max_weight_matches_brute_force_for_every_n():
+    """The largest digit weight over steps 1..n, for every n, against a running maximum."""
+    for k, subtract, h in [(3, True, 4), (5, True, 3), (19, True, 2), (3, False, 4), (2, False, 6)]:
+        for k2, sub2, h2 in [(k, subtract, h), (4, True, 3), (6, True, 2), (17, False, 2)]:
+            running = 0
+            for n in range(1, kt.tree_capacity(k2, sub2, h2) + 1):
+                running = max(running, sum(map(abs, kt._digits(n, k2, sub2, h2))))
+                assert kt.max_weight(k2, sub2, h2, n) == running
+    with pytest.raises(InvalidOperatorConfig, match=r"n must be in \[1, 13\], got 0"):
+        kt.max_weight(3, True, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("k", "subtract"), [(2, False), (3, True), (4, True), (5, False), (13, True)]
+)
+def test_errors_are_the_mean_and_the_largest_variance(k, subtract):
+    """``errors`` over many horizons at once equals the mean and the max of ``variance``
+    over steps 1..T, both variance kinds (exact rationals for continuous Laplace)."""
+    spec = kt.make_kary_tree(Fraction(1, 3), 2, PREFIX, k, subtract)
+    horizons = [1, 2, 3, 7, 50, 400, 2000]
+    for continuous in (False, True):
+        got = kt.errors(spec, horizons, continuous)
+        per_step = [kt.variance(spec, t, continuous) for t in range(1, 2001)]
+        for (mse, largest), T in zip(got, horizons, strict=True):
+            assert mse == pytest.approx(sum(per_step[:T]) / T, rel=1e-12)
+            assert largest == pytest.approx(max(per_step[:T]), rel=1e-12)
+            assert (mse, largest) == (
+                kt.mse(spec, T, continuous),
+                kt.max_variance(spec, T, continuous),
+            )
+    with pytest.raises(InvalidOperatorConfig, match="horizons must be ascending"):
+        kt.errors(spec, [5, 3])
+
+
+def test_the_unbounded_stream_tree():
+    """``mechanism: auto`` without a horizon: k-ary with subtraction, k = 13. Over the
+    horizons users see (10^3 to 10^8 ticks) its exact MSE stays within 14% of the tree
+    ``choose_tree`` picks for each horizon (whose k moves with T), while the binary tree's
+    is 4-8 times it (docs/kary-mse.md, section 6, has the largest variances too)."""
+    assert kt.choose_unbounded_tree() == ("kary_subtract", 13)
+    pick = kt.make_kary_tree(1, 1, PREFIX, 13, True)
+    binary = kt.make_kary_tree(1, 1, PREFIX, 2, False)
+    horizons = [10**e for e in range(3, 9)]
+    picks = [kt.choose_tree(1, 1, T, PREFIX) for T in horizons]
+    for T, (name, k), mine, base in zip(
+        horizons,
+        picks,
+        kt.errors(pick, horizons, True),
+        kt.errors(binary, horizons, True),
+        strict=True,
+    ):
+        best_mse = kt.mse(kt.make_kary_tree(1, 1, PREFIX, k, name == "kary_subtract"), T, True)
+        assert mine[0] <= 1.14 * best_mse
+        assert 3.9 < base[0] / mine[0] < 9
+    assert len({k for _, k in picks}) > 2  # the per-horizon choice moves with T
+
+
 def test_asymptotic_constants():
     assert kt.asymptotic_constant(2, False) == 1.0
     assert kt.asymptotic_constant(17, False) == pytest.approx(0.2343, abs=5e-5)
