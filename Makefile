@@ -37,7 +37,7 @@ unit: $(STAMP)
 
 # Lint and formatting of every Python folder; formatting is checked, never rewritten here.
 # Then the type hints of the installed packages ([tool.mypy] in pyproject.toml says which).
-LINT_DIRS := operators pipeline config deploy testing tests bench experiments
+LINT_DIRS := operators statistics pipeline config deploy testing tests bench experiments
 
 # The repository root is the dpstream package (setuptools' package-dir), and the packages
 # import one another as dpstream.<package>. mypy cannot follow the editable install's import

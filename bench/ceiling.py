@@ -33,7 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import proc_status  # noqa: E402
-from dpstream.pipeline.records import BATCH, ENVELOPE, TICK, header_kind  # noqa: E402
+from dpstream.pipeline.wire.records import BATCH, ENVELOPE, TICK, header_kind
 
 TIMEOUT = 600.0
 # FETCH_WAIT: the clients' only non-default setting. At the end of a pass a fetch request

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(START, start)
     signal.signal(STOP, stop)
-    from dpstream.pipeline.cli import main as cli
+    from dpstream.pipeline.tools.cli import main as cli
 
     return cli(rest)
 

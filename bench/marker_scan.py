@@ -32,9 +32,14 @@ from collections.abc import Callable
 import orjson
 
 from dpstream.config.schema import PipelineConfig, parse_config
-from dpstream.pipeline.drivers import Stage1Driver
-from dpstream.pipeline.records import Event, partition_for
-from dpstream.pipeline.stage1_state import PartitionState, UserEntry, new_partition_state
+from dpstream.pipeline.stages.drivers import Stage1Driver
+from dpstream.pipeline.stages.stage1_state import (
+    PartitionState,
+    UserEntry,
+    new_partition_state,
+)
+from dpstream.pipeline.wire.records import partition_for
+from dpstream.statistics.events import Event
 
 PARTITIONS = 4
 CELLS = ["A", "B", "C", "D"]

@@ -5,17 +5,17 @@ Run by ``bench.throughput`` (its contenders) in a subprocess of its own:
     python -m bench.naive_agent --bootstrap B --topic T --partitions P --expect N --result F
 
 Same Faust version, transport (aiokafka), app settings and raw serializers as dpstream's
-worker (``pipeline/app.py``), one agent on the input topic: per record it reads the
+worker (``pipeline/worker/app.py``), one agent on the input topic: per record it reads the
 ``dpstream`` header, skips tick markers, ``orjson.loads`` the value and counts its events (a
 batch's array length, a columnar envelope's user column). No tables, no outputs. With
 ``--tables`` it also does stage 1's state writes without any DP logic: per record, one write
 to a Faust table (memory store, changelogged) per distinct user (``u:<user>`` -> a small
 dict with a count) and one per partition (``p:<partition>``), the write pattern of
-``pipeline/app.py``'s stage 1, to separate what the state writes cost from what the DP work
+``pipeline/worker/app.py``'s stage 1, to separate what the state writes cost from what the DP work
 costs. ``--tables batched`` makes the same writes into the table's local store directly and
 sends their changelog entries (same topic, partition, keys, values and order) as ONE
 aiokafka record batch per input record, instead of one Faust ``send_soon`` per write: the
-experiment behind the worker's ``pipeline/changelog.py``, which batches across records as
+experiment behind the worker's ``pipeline/worker/changelog.py``, which batches across records as
 well. ``--tables direct`` sends each entry with the aiokafka producer's own ``send`` instead
 (no Faust ``send_soon``/``ProducerBuffer``; aiokafka still batches across records).
 
@@ -40,7 +40,7 @@ import orjson
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpstream.pipeline.records import BATCH, ENVELOPE, TICK, header_kind  # noqa: E402
+from dpstream.pipeline.wire.records import BATCH, ENVELOPE, TICK, header_kind
 
 
 def build_app(
@@ -48,7 +48,7 @@ def build_app(
 ):
     import faust
 
-    from dpstream.pipeline.app import broker_urls
+    from dpstream.pipeline.worker.app import broker_urls
 
     app = faust.App(
         f"bench-naive-{time.time_ns()}",

@@ -206,8 +206,8 @@ if __name__ == "__main__":
 # Calls per event worth watching: (label, function name, file suffix).
 # (cProfile counts a coroutine once per resume, so only plain functions are listed.)
 WATCHED_CALLS = [
-    ("`Stage1.add_events`", "add_events", "pipeline/stages.py"),
-    ("events validated (`records.parse_event`)", "parse_event", "pipeline/records.py"),
+    ("`Stage1.add_events`", "add_events", "pipeline/stages/stage1.py"),
+    ("events validated (`records.parse_event`)", "parse_event", "pipeline/wire/records.py"),
     ("murmur2 hashes (`aiokafka.partitioner.murmur2`)", "murmur2", "aiokafka/partitioner.py"),
     ("table writes (`Table.on_key_set`)", "on_key_set", "faust/tables/table.py"),
     ("table reads (`Table.on_key_get`)", "on_key_get", "faust/tables/table.py"),

@@ -56,9 +56,9 @@ PRODUCER_QUEUE = {
 
 
 def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, str]) -> dict:
-    from dpstream.pipeline.clients import make_producer, produce_events
-    from dpstream.pipeline.topics import ensure_topics
-    from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
+    from dpstream.pipeline.kafka.clients import make_producer, produce_events
+    from dpstream.pipeline.kafka.topics import ensure_topics
+    from dpstream.pipeline.worker.processes import assigned_partitions, spawn_worker
 
     base = base_config(None)
     cfg, path = write_config(
@@ -117,10 +117,10 @@ def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, s
 def equal_to_replay(bootstrap: str, cfg: PipelineConfig) -> bool:
     """Every release of the run equals the offline replay of its input log, byte for byte
     (the releases are a prefix of the replay's: the replay closes every tick)."""
-    from dpstream.pipeline.clients import read_topic
-    from dpstream.pipeline.export import export_log
-    from dpstream.pipeline.replay import replay
-    from dpstream.pipeline.worker_support import load_noise
+    from dpstream.pipeline.kafka.clients import read_topic
+    from dpstream.pipeline.tools.export import export_log
+    from dpstream.pipeline.tools.replay import replay
+    from dpstream.pipeline.worker.keys import load_noise
 
     replayed: dict[str, list[bytes]] = {}
     for release in replay(cfg, export_log(cfg, bootstrap), load_noise(cfg)):

@@ -17,9 +17,10 @@ import orjson
 
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
-from dpstream.pipeline.records import Event
-from dpstream.pipeline.stage1_state import new_partition_state
-from dpstream.pipeline.stages import Stage1, Stage2
+from dpstream.pipeline.stages.stage1 import Stage1
+from dpstream.pipeline.stages.stage1_state import new_partition_state
+from dpstream.pipeline.stages.stage2 import Stage2
+from dpstream.statistics.events import Event
 
 STATISTICS = [
     {"name": "views_fixed", "epsilon": 1, "tau": 8},

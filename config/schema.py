@@ -238,7 +238,7 @@ class OAuthConfig(_Model):
 
 class KafkaSecurityConfig(_Model):
     """How every Kafka client connects: Faust (aiokafka), the producer and the consumer
-    tools (confluent-kafka). Mapped by ``pipeline/kafka_security.py``; see docs/security.md.
+    tools (confluent-kafka). Mapped by ``pipeline/kafka/security.py``; see docs/security.md.
 
     No secret is ever written here: the SASL password comes from the environment variable
     named by ``password_env`` or from ``password_file``, read when a client is built; an
@@ -362,21 +362,21 @@ class KindEntry:
     deletions: bool = True
 
 
-_COUNTERS = "dpstream.pipeline.counters"
+_COUNTERS = "dpstream.statistics.counters"
 
 # The registry of kinds: the kinds the schema accepts, each with its implementation and
 # parameters; adding a kind is its module plus one line here. Config validation, the
-# worker, replay and check-config all read it (the last three through pipeline/kinds.py).
+# worker, replay and check-config all read it (the last three through statistics/registry.py).
 # The implementations are named as strings because the config package never imports the
-# pipeline (tests/test_import_graph.py), and pipeline/kinds.py imports them by name.
+# pipeline (tests/test_import_graph.py), and statistics/registry.py imports them by name.
 KINDS: dict[str, KindEntry] = {
     "count": KindEntry(_COUNTERS, needs_value=False, fixed_tau=True),
     "sum": KindEntry(_COUNTERS, values="max_value", fixed_tau=True),
     "histogram": KindEntry(_COUNTERS, values="bins"),
     "kselect": KindEntry(_COUNTERS, values="bins", rank=True, deletions=False),
     "distinct": KindEntry(_COUNTERS, deletions=False),
-    "mean": KindEntry("dpstream.pipeline.means", section="mean"),
-    "cell_mean": KindEntry("dpstream.pipeline.cells", section="cells"),
+    "mean": KindEntry("dpstream.statistics.means", section="mean"),
+    "cell_mean": KindEntry("dpstream.statistics.cells", section="cells"),
 }
 if TYPE_CHECKING:
     # A Literal built from KINDS at run time is no type to a checker: a kind is a str there.
@@ -793,7 +793,7 @@ class PrivacyConfig(_Model):
     public_counts: bool = False
     # What one user may lose across every pipeline (app id) of the ledger topic that
     # reads one of this pipeline's source topics: checked at worker start against their
-    # latest statements (pipeline/ledger.py). None: their sum is logged as a warning.
+    # latest statements (pipeline/worker/ledger.py). None: their sum is logged as a warning.
     cross_pipeline_epsilon: float | None = Field(None, gt=0)
 
 

@@ -53,7 +53,7 @@ def secured_access(secured: SecureKafka, listener: Listener = "SASL_SSL") -> Acc
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from dpstream.config.schema import KafkaSecurityConfig
-    from dpstream.pipeline.acls import Principals, bindings
+    from dpstream.pipeline.kafka.acls import Principals, bindings
 
     def prepare(cfg: PipelineConfig) -> None:
         admin = AdminClient({**secured.admin_client_config(), "log_level": 0})
@@ -113,7 +113,7 @@ class Pipeline:
         """Write the config, create its topics and start the worker (on a secured broker:
         with ``access``, its ACLs granted first)."""
         from dpstream.config.schema import parse_config
-        from dpstream.pipeline.topics import ensure_topics
+        from dpstream.pipeline.kafka.topics import ensure_topics
 
         data = unique_names(data)
         if access is not None:
@@ -131,7 +131,7 @@ class Pipeline:
 
     def restart(self) -> None:
         """Start the worker (again, after :meth:`kill` or :meth:`stop`) on the same config."""
-        from dpstream.pipeline.worker_support import spawn_worker
+        from dpstream.pipeline.worker.processes import spawn_worker
 
         if self.running():
             return
@@ -143,7 +143,7 @@ class Pipeline:
 
     def produce(self, events: Iterable[dict[str, Any]]) -> int:
         """Send events (dicts with ``user_id``, ``key``, ...) to the source topic; flushed."""
-        from dpstream.pipeline.clients import make_producer, produce_events
+        from dpstream.pipeline.kafka.clients import make_producer, produce_events
 
         if self._producer is None:
             producer = self._access.producer if self._access else self.cfg.kafka
@@ -185,8 +185,8 @@ class Pipeline:
     def _reader(self, statistic: str) -> Any:
         from confluent_kafka import Consumer, TopicPartition
 
-        from dpstream.pipeline.kafka_security import confluent_config
-        from dpstream.pipeline.topics import group_id
+        from dpstream.pipeline.kafka.security import confluent_config
+        from dpstream.pipeline.kafka.topics import group_id
 
         if statistic not in self._readers:
             reader = self._access.reader if self._access else self.cfg.kafka
@@ -221,7 +221,7 @@ class Pipeline:
 
     def stop(self) -> None:
         """Stop the worker cleanly and close the clients. Safe to call twice."""
-        from dpstream.pipeline.worker_support import stop_worker
+        from dpstream.pipeline.worker.processes import stop_worker
 
         if self._proc is not None:
             stop_worker(self._proc)

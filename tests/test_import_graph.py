@@ -4,7 +4,7 @@ mirror the packages, and no test module imports another or conftest.
 
 Every import counts, wherever it is written (top level, ``if TYPE_CHECKING:``, inside a
 function): a cycle hidden behind one is still a cycle of the design. So does an import by
-name: pipeline/kinds.py imports each kind's implementation as the registry
+name: statistics/registry.py imports each kind's implementation as the registry
 (config/schema.py's ``KINDS``) names it.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 from dpstream.config.schema import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"operators": "dpstream.operators", "pipeline": "dpstream.pipeline",
-            "config": "dpstream.config", "deploy": "dpstream.deploy",
-            "testing": "dpstream.testing"}  # fmt: skip
+PACKAGES = {"operators": "dpstream.operators", "statistics": "dpstream.statistics",
+            "pipeline": "dpstream.pipeline", "config": "dpstream.config",
+            "deploy": "dpstream.deploy", "testing": "dpstream.testing"}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:
@@ -59,14 +59,14 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 def graph() -> dict[str, set[str]]:
     mods = modules()
     edges = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
-    edges["dpstream.pipeline.kinds"] |= {kind.implementation for kind in KINDS.values()}
+    edges["dpstream.statistics.registry"] |= {kind.implementation for kind in KINDS.values()}
     return edges
 
 
-def test_the_registry_names_pipeline_modules():
+def test_the_registry_names_statistics_modules():
     for kind in KINDS.values():
         assert kind.implementation in modules(), kind
-        assert kind.implementation.startswith("dpstream.pipeline."), kind
+        assert kind.implementation.startswith("dpstream.statistics."), kind
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -171,6 +171,68 @@ def test_imports_go_one_way():
             assert not any(t.startswith("dpstream.pipeline") for t in targets), (name, targets)
         if not name.startswith("dpstream.testing"):  # the pytest plugin: for users' tests
             assert not any(t.startswith("dpstream.testing") for t in targets), (name, targets)
+
+
+# What each layer above operators/ may import besides itself (docs/architecture.md): the
+# statistics layer only the mechanisms and the config; the pipeline's sub-packages in the
+# order of the data flow (wire formats, Kafka clients, the ingest, the stages, the worker,
+# the tools), each only those before it.
+LAYERS = {
+    "statistics": {"config", "operators"},
+    "pipeline.wire": {"config", "operators", "statistics"},
+    "pipeline.kafka": {"config", "operators", "pipeline.wire"},
+    "pipeline.ingest": {"config", "operators", "statistics", "pipeline.wire", "pipeline.kafka"},
+    "pipeline.stages": {"config", "operators", "statistics", "pipeline.wire"},
+    "pipeline.worker": {
+        "config",
+        "operators",
+        "statistics",
+        "pipeline.wire",
+        "pipeline.kafka",
+        "pipeline.ingest",
+        "pipeline.stages",
+    },
+    "pipeline.tools": {
+        "config",
+        "deploy",
+        "operators",
+        "statistics",
+        "pipeline.wire",
+        "pipeline.kafka",
+        "pipeline.ingest",
+        "pipeline.stages",
+        "pipeline.worker",
+    },
+}
+# Kafka and Faust stay out of the statistics layer (and so out of everything replay and the
+# stages' tests need below the transport).
+TRANSPORT_LIBRARIES = ("faust", "mode", "aiokafka", "confluent_kafka", "kafka")
+
+
+def layer(name: str) -> str:
+    """``statistics``, ``pipeline.<sub-package>``, or the top-level package of ``name``."""
+    parts = name.split(".")
+    if parts[1] == "pipeline" and len(parts) > 2:
+        return f"pipeline.{parts[2]}"
+    return parts[1]
+
+
+def test_the_layers_import_downwards_only():
+    assert {p.parent.name for p in (ROOT / "pipeline").glob("*/__init__.py")} == {
+        name.removeprefix("pipeline.") for name in LAYERS if name.startswith("pipeline.")
+    }
+    assert {p.stem for p in (ROOT / "pipeline").glob("*.py")} == {"__init__"}
+    for name, targets in graph().items():
+        own = layer(name)
+        if own in LAYERS:
+            assert {layer(t) for t in targets} - {own} <= LAYERS[own], (name, targets)
+
+
+def test_the_statistics_layer_imports_no_kafka_and_no_faust():
+    for name, path in modules().items():
+        if layer(name) == "statistics":
+            found = {m.partition(".")[0] for m in imported_modules(path.read_text())}
+            assert not found & set(TRANSPORT_LIBRARIES), (name, found)
 
 
 def test_the_baselines_stay_out_of_the_production_import_path():

@@ -192,7 +192,7 @@ def run_pipeline(
     """
     from confluent_kafka import Producer
 
-    from dpstream.pipeline.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import ensure_topics
 
     envelopes = ds.shape == ENVELOPES
     ingest = "off" if envelopes else ingest
@@ -311,7 +311,7 @@ def run_latency(
     the last of those ticks."""
     from confluent_kafka import Producer
 
-    from dpstream.pipeline.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import ensure_topics
 
     tick = harness.tick
     cfg, path = write_config(run_config(harness.base, "l", None, tick, partitions), harness.workdir)

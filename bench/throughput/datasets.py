@@ -66,7 +66,7 @@ def batch_name(batch: int) -> str:
 
 
 def synthetic(users: int, count: int, seed: int) -> Iterator[dict]:
-    from dpstream.pipeline.synthetic import synthetic_events
+    from dpstream.pipeline.tools.synthetic import synthetic_events
 
     return synthetic_events(users, count, seed=seed)
 
@@ -97,7 +97,7 @@ def messages(events: Iterator[dict], batch: int) -> tuple[list[Message], int]:
     """Source records for ``events``: single-event records keyed by user id (batch 1),
     else batches (JSON arrays, header ``dpstream: batch``, no key), as
     ``clients.produce_events`` writes them; and the number of events."""
-    from dpstream.pipeline.records import BATCH, HEADER
+    from dpstream.pipeline.wire.records import BATCH, HEADER
 
     out: list[Message] = []
     n = 0
@@ -125,7 +125,7 @@ def source_records(msgs: list[Message], partitions: int, topic: str = "bench.sou
     of 500, as fetches return them."""
     import zlib
 
-    from dpstream.pipeline.ingest import SourceRecord
+    from dpstream.pipeline.ingest.route import SourceRecord
 
     per: list[list] = [[] for _ in range(partitions)]
     for i, (key, value, headers, _) in enumerate(msgs):
@@ -142,8 +142,8 @@ def routed_envelopes(cfg: PipelineConfig, msgs: list[Message]) -> list[tuple[int
     """What the ingest writes for ``msgs``: (events partition, columnar envelope), from
     ``ingest.route`` over the records as its consumer returns them, in the worker's
     ``input.ingest_batch`` chunks."""
-    from dpstream.pipeline.ingest import route
-    from dpstream.pipeline.worker_support import limits_for
+    from dpstream.pipeline.ingest.route import route
+    from dpstream.pipeline.wire.records import limits_for
 
     limits, partitions, chunk = limits_for(cfg), cfg.input.partitions, cfg.input.ingest_batch
     records = source_records(msgs, partitions)
@@ -155,7 +155,7 @@ def routed_envelopes(cfg: PipelineConfig, msgs: list[Message]) -> list[tuple[int
 
 def envelope_messages(envelopes: list[tuple[int, bytes]]) -> list[Message]:
     """Columnar envelopes as records of an events topic: unkeyed, in their partition."""
-    from dpstream.pipeline.ingest import ENVELOPE_HEADERS
+    from dpstream.pipeline.ingest.consumer import ENVELOPE_HEADERS
 
     return [(None, raw, ENVELOPE_HEADERS, p) for p, raw in envelopes]
 

@@ -40,7 +40,7 @@ def deep_size(obj: object, seen: set[int] | None = None) -> int:
 def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]) -> dict:
     """Bytes of state per user (stage 1) and per statistic (stage 2), in process.
 
-    Drives ``Stage1`` / ``Stage2`` the way ``pipeline/replay.py`` does (envelopes decoded by
+    Drives ``Stage1`` / ``Stage2`` the way ``pipeline/tools/replay.py`` does (envelopes decoded by
     ``records.decode_events``, reports from ``Stage1.close_tick``), with plain dicts where
     the worker has Faust tables (the memory store keeps table values as these same Python
     objects). Per user: tracemalloc growth of the ``users`` mapping after
@@ -49,10 +49,10 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
     changelog record) and as Python objects, plus the keyed-noise cache.
     """
     from dpstream.operators.noise import KeyedNoise
-    from dpstream.pipeline.records import BATCH, decode_events
-    from dpstream.pipeline.stage1_state import new_partition_state
-    from dpstream.pipeline.stages import Stage1, Stage2
-    from dpstream.pipeline.worker_support import limits_for
+    from dpstream.pipeline.stages.stage1 import Stage1
+    from dpstream.pipeline.stages.stage1_state import new_partition_state
+    from dpstream.pipeline.stages.stage2 import Stage2
+    from dpstream.pipeline.wire.records import BATCH, decode_events, limits_for
 
     cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
     limits = limits_for(cfg)
@@ -130,8 +130,8 @@ def ingest_micro(base: dict, users: int, events: int, batches: list[int], seed: 
     validate each source record, murmur2 per user, columnar envelopes) over records as the
     consumer returns them, in the worker's ``input.ingest_batch`` chunks. Per shape
     (1 = single-event records): µs per event, and the envelopes it writes."""
-    from dpstream.pipeline.ingest import route
-    from dpstream.pipeline.worker_support import limits_for
+    from dpstream.pipeline.ingest.route import route
+    from dpstream.pipeline.wire.records import limits_for
 
     cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
     limits, partitions, chunk = limits_for(cfg), cfg.input.partitions, cfg.input.ingest_batch
@@ -162,9 +162,9 @@ def stage1_micro(base: dict, users: int, events: int, batch: int, seed: int) -> 
     dict as the table), over the columnar envelopes the ingest writes (``ingest.route`` of
     the same synthetic events, in source records of ``batch`` events, 1 = single-event
     records)."""
-    from dpstream.pipeline.drivers import Stage1Driver
-    from dpstream.pipeline.records import decode_envelope
-    from dpstream.pipeline.stage1_state import new_partition_state
+    from dpstream.pipeline.stages.drivers import Stage1Driver
+    from dpstream.pipeline.stages.stage1_state import new_partition_state
+    from dpstream.pipeline.wire.records import decode_envelope
 
     cfg = parse_config(run_config(base, "s", None, 1.0, 4), "benchmark config")
     partitions = cfg.input.partitions

@@ -271,7 +271,7 @@ def decomposition_table(res: Results) -> str:
         'writes on top of the naive agent, "DP logic adds" = the pipeline on top of '
         "those writes (validation, routing check, truncation, stage 2, releases). The last "
         "two columns are the same writes sent two cheaper ways. The pipeline itself "
-        "sends its stage-1 changelog in batches that span records (pipeline/changelog.py), "
+        "sends its stage-1 changelog in batches that span records (pipeline/worker/changelog.py), "
         "so it can beat the Faust-table-writes variant (DP logic adds < 0); what it costs "
         "over Faust is then the pipeline column against the naive agent's. Since the ingest "
         "(issue 14), the agents read the source topic record by record while the pipeline's "
@@ -697,7 +697,7 @@ latency) the producer share the same cores.
 ## Throughput
 
 Each run, every contender in a fresh process on the same pre-produced topic, the same events
-({a.users:,} users, Zipf-like activity, `pipeline/synthetic.py`; pipeline =
+({a.users:,} users, Zipf-like activity, `pipeline/tools/synthetic.py`; pipeline =
 {pipeline_description(a)}, keyed noise):
 
 {ds_lines}

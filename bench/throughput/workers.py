@@ -130,7 +130,7 @@ class Watcher:
         self.markers: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
 
     def poll(self, timeout: float) -> None:
-        from dpstream.pipeline.records import ENVELOPE, RELEASE, TICK, header_kind
+        from dpstream.pipeline.wire.records import ENVELOPE, RELEASE, TICK, header_kind
 
         for msg in self.consumer.consume(num_messages=10_000, timeout=timeout):
             if msg.error():
@@ -214,7 +214,7 @@ def py_spy() -> str | None:
 
 
 def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    from dpstream.pipeline.worker_support import stop_worker
+    from dpstream.pipeline.worker.processes import stop_worker
 
     stop_worker(proc, timeout)
 
@@ -270,7 +270,7 @@ def spawn(
     """``dpstream worker`` (``ingest``: its ``--ingest`` mode; None: the worker's default);
     with ``stats``, under ``bench/cprofile_worker.py`` writing there."""
     cmd = [sys.executable, "-m"]
-    cmd += ["bench.cprofile_worker", str(stats)] if stats else ["dpstream.pipeline.cli"]
+    cmd += ["bench.cprofile_worker", str(stats)] if stats else ["dpstream.pipeline.tools.cli"]
     cmd += ["worker", "--config", str(config_path), "--bootstrap", harness.bootstrap]
     cmd += ["--loglevel", harness.loglevel]
     if ingest:

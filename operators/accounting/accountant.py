@@ -243,7 +243,7 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
           disjoint from K: with cells a and b, epsilon = B, one event of l in each, l is
           kept in a (the first cell in key order) and dropped from b; without the event
           in a, l is kept in b. Both cells change: 2B, and the bound is attained
-          (``tests/pipeline/test_cells.py``, exhaustively over small cases).
+          (``tests/statistics/test_cells.py``, exhaustively over small cases).
         * public counts: the count matrix is public, so neighbours have the same cells,
           the same users in them and the same admissions, and differ in values only: B
           (any_subset does not apply to them, :func:`statement`).

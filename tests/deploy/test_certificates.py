@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from dpstream.deploy.certificates import Certificates, make_certificates
-from dpstream.pipeline.kafka_security import certificate_validity
+from dpstream.pipeline.kafka.security import certificate_validity
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 

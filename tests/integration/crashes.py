@@ -22,10 +22,10 @@ import orjson
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from dpstream.config.schema import PipelineConfig
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.topics import changelog_topics
-from dpstream.pipeline.worker_support import spawn_worker
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import changelog_topics
+from dpstream.pipeline.tools.synthetic import synthetic_events
+from dpstream.pipeline.worker.processes import spawn_worker
 from tests.integration.support import (
     FAST_REJOIN,
     TICK,
@@ -47,7 +47,7 @@ MAX_ROUNDS = 400
 # Test-only Faust settings, read from the environment: a SIGKILLed member holds its
 # partitions until its session times out (Faust's default: 60 s per restart).
 RESTART_TIMEOUT = 60.0  # a restart takes 6-15 s (session timeout, rejoin, table recovery)
-CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
+CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
 RECOVERING = "Restoring state from changelog topics"  # Faust's recovery, logged at INFO
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import orjson
 from confluent_kafka import Producer
 
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.synthetic import synthetic_events
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.tools.synthetic import synthetic_events
 from dpstream.testing import Pipeline
 from tests.integration.support import (
     TICK,
@@ -90,7 +90,7 @@ def pipeline_equals_replay_with_the_same_key(
             r.close()
     # The same commands a user runs: export the input topic, replay it offline.
     log_path = tmp_path / "events.jsonl"
-    cli = [sys.executable, "-m", "dpstream.pipeline.cli"]
+    cli = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
     subprocess.run(
         [
             *cli,

@@ -25,11 +25,12 @@ from confluent_kafka import Consumer, TopicPartition
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.broker import containers_required, docker_available
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.export import LOG_MAC, export_log
-from dpstream.pipeline.ledger import LOG_HEADER
-from dpstream.pipeline.replay import replay
-from dpstream.pipeline.worker_support import load_noise, spawn_worker, stop_worker
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.tools.export import LOG_MAC, export_log
+from dpstream.pipeline.tools.replay import replay
+from dpstream.pipeline.worker.keys import load_noise
+from dpstream.pipeline.worker.ledger import LOG_HEADER
+from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from dpstream.testing.pipeline import unique_names  # the plugin's: one way to name a test's topics
 
 TICK = 0.5

@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from dpstream.deploy.cluster import KafkaCluster
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.export import export_log
-from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.topics import changelog_topics, topic_plan
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import changelog_topics, topic_plan
+from dpstream.pipeline.tools.export import export_log
+from dpstream.pipeline.tools.synthetic import synthetic_events
 from tests.integration.support import (
     TICK,
     deduplicated,

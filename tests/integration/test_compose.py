@@ -33,9 +33,9 @@ from dpstream.deploy.broker import (
     kafka_image,
     wait_for_metadata,
 )
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.topics import ensure_topics
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import ensure_topics
+from dpstream.pipeline.tools.synthetic import synthetic_events
 from tests.integration.support import FAST_REJOIN, TopicReader, deduplicated, require_docker
 
 pytestmark = [pytest.mark.integration, pytest.mark.containers]
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.containers]
 COMPOSE_FILE = REPO_ROOT / "deploy" / "docker-compose.yml"
 DEMO_CONFIG = REPO_ROOT / "config" / "demo.yaml"  # the worker image runs the same file
 WORKER_IMAGE_ENV = "DPSTREAM_WORKER_IMAGE"
-CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
+CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
 USERS = 40
 PER_ROUND = 20
 ROUND_SECONDS = 0.25

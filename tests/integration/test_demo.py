@@ -16,7 +16,7 @@ def test_demo_runs_bounded_and_writes_its_plot(bootstrap, tmp_path):
         [
             sys.executable,
             "-m",
-            "dpstream.pipeline.cli",
+            "dpstream.pipeline.tools.cli",
             "demo",
             "--duration",
             "6",

@@ -38,12 +38,12 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import LocalKafka
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
-from dpstream.pipeline.export import export_log
-from dpstream.pipeline.records import partition_for
-from dpstream.pipeline.topics import changelog_topics, group_id
-from dpstream.pipeline.worker_support import assigned_partitions, spawn_worker
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import changelog_topics, group_id
+from dpstream.pipeline.tools.export import export_log
+from dpstream.pipeline.wire.records import partition_for
+from dpstream.pipeline.worker.exits import EXIT_INTERNAL_ERROR
+from dpstream.pipeline.worker.processes import assigned_partitions, spawn_worker
 from dpstream.testing import unique_names
 from tests.integration.crashes import (
     RESTART_TIMEOUT,
@@ -301,7 +301,7 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
     flight. A normal worker takes over, is re-delivered the records, and must count 2
     views per user: none lost, none twice. (With two tables, whose changelogs Kafka orders
     independently, a crash could keep the user entries and lose the partition state;
-    that lost counts. tests/pipeline/test_stages.py checks every crash point of the
+    that lost counts. tests/pipeline/stages/test_stage1.py checks every crash point of the
     one-changelog layout exhaustively.)
 
     ``slow="accept"``: the sends themselves block, so the writes stay in Faust's producer
@@ -595,7 +595,7 @@ def test_a_table_recovery_that_receives_no_records_is_sought_again_or_stops(
 
 FAIL_HOOK = """
 import os
-from dpstream.pipeline import drivers
+from dpstream.pipeline.stages import drivers
 
 _STAGE = os.environ["DPSTREAM_TEST_FAIL_STAGE"]
 _FLAG = os.environ["DPSTREAM_TEST_FAIL_FLAG"]

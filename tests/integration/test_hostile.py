@@ -56,11 +56,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from dpstream.config.schema import PipelineConfig, parse_config
-from dpstream.pipeline.clients import read_topic
-from dpstream.pipeline.drivers import Stage1Driver
-from dpstream.pipeline.export import export_log
-from dpstream.pipeline.ingest import SourceRecord, route, source_lag
-from dpstream.pipeline.records import (
+from dpstream.pipeline.ingest.consumer import source_lag
+from dpstream.pipeline.ingest.route import SourceRecord, route
+from dpstream.pipeline.kafka.clients import read_topic
+from dpstream.pipeline.stages.drivers import Stage1Driver
+from dpstream.pipeline.tools.export import export_log
+from dpstream.pipeline.tools.replay import replay
+from dpstream.pipeline.wire.records import (
     BATCH,
     ENVELOPE,
     HEADER,
@@ -68,10 +70,11 @@ from dpstream.pipeline.records import (
     decode_envelope,
     event_json,
     header_kind,
+    limits_for,
     partition_for,
 )
-from dpstream.pipeline.replay import replay
-from dpstream.pipeline.worker_support import limits_for, load_noise, spawn_worker
+from dpstream.pipeline.worker.keys import load_noise
+from dpstream.pipeline.worker.processes import spawn_worker
 from dpstream.testing import unique_names
 from tests.integration.producers import create_source_topic
 from tests.integration.support import WorkerProcess, readers, wait_for_first_release, wait_until
@@ -901,8 +904,8 @@ def test_a_dpstream_header_without_a_value_is_an_ordinary_bad_record():
 
 
 def test_a_dpstream_header_without_a_value_in_the_events_topic_is_skipped(bootstrap):
-    from dpstream.pipeline.records import encode_tick
-    from dpstream.pipeline.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import ensure_topics
+    from dpstream.pipeline.wire.records import encode_tick
 
     cfg = parse_config(unique_names(pipeline_config({"mode": "insecure_zero"})))
     ensure_topics(cfg, bootstrap)

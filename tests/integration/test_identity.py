@@ -11,13 +11,13 @@ import pytest
 import yaml
 from confluent_kafka import KafkaException
 
-from dpstream.pipeline.clients import read_topic
-from dpstream.pipeline.worker_support import spawn_worker, stop_worker
+from dpstream.pipeline.kafka.clients import read_topic
+from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.integration
 
-CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
+CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
 
 
 CONFIG = {

@@ -32,14 +32,14 @@ import yaml
 from confluent_kafka import Consumer, Producer
 
 from dpstream.config.schema import parse_config
-from dpstream.pipeline.clients import read_topic
-from dpstream.pipeline.exits import EXIT_INTERNAL_ERROR
-from dpstream.pipeline.export import export_log
-from dpstream.pipeline.ingest import Ingest, consumer_config, source_lag
-from dpstream.pipeline.records import decode_envelope, rules_fingerprint
-from dpstream.pipeline.statistic import Report
-from dpstream.pipeline.topics import ensure_topics
-from dpstream.pipeline.worker_support import limits_for, spawn_worker
+from dpstream.pipeline.ingest.consumer import Ingest, consumer_config, source_lag
+from dpstream.pipeline.kafka.clients import read_topic
+from dpstream.pipeline.kafka.topics import ensure_topics
+from dpstream.pipeline.tools.export import export_log
+from dpstream.pipeline.wire.records import decode_envelope, limits_for, rules_fingerprint
+from dpstream.pipeline.worker.exits import EXIT_INTERNAL_ERROR
+from dpstream.pipeline.worker.processes import spawn_worker
+from dpstream.statistics.contract import Report
 from dpstream.testing import unique_names
 from tests.integration import producers
 from tests.integration.support import (
@@ -494,7 +494,7 @@ def test_ctrl_c_in_a_terminal_stops_the_worker_and_its_ingest_cleanly(bootstrap,
     path = tmp_path / "worker.yaml"
     path.write_text(yaml.safe_dump(data))
     log = tmp_path / "worker.log"
-    cmd = [sys.executable, "-m", "dpstream.pipeline.cli", "worker"]
+    cmd = [sys.executable, "-m", "dpstream.pipeline.tools.cli", "worker"]
     cmd += ["--config", str(path), "--bootstrap", bootstrap]
     with open(log, "wb") as out:  # its own process group, as a shell gives it
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -16,8 +16,8 @@ from collections import Counter
 import orjson
 import pytest
 
-from dpstream.pipeline.export import export_log
-from dpstream.pipeline.records import partition_for
+from dpstream.pipeline.tools.export import export_log
+from dpstream.pipeline.wire.records import partition_for
 from dpstream.testing import unique_names
 from tests.integration.scenarios import USERS, drive, pipeline_equals_replay_with_the_same_key
 from tests.integration.support import (
@@ -167,7 +167,7 @@ def test_tail_cli_prints_the_releases(zero_noise_run, bootstrap):
         [
             sys.executable,
             "-m",
-            "dpstream.pipeline.cli",
+            "dpstream.pipeline.tools.cli",
             "tail",
             "clicks",
             "--config",
@@ -192,8 +192,8 @@ def test_produce_cli_sends_jsonl_events_and_batch_envelopes(bootstrap, tmp_path)
     import yaml
 
     from dpstream.config.schema import parse_config
-    from dpstream.pipeline.clients import read_topic
-    from dpstream.pipeline.records import header_kind
+    from dpstream.pipeline.kafka.clients import read_topic
+    from dpstream.pipeline.wire.records import header_kind
 
     data = unique_names(pipeline_config({"mode": "insecure_zero"}))
     config = tmp_path / "p.yaml"
@@ -203,7 +203,7 @@ def test_produce_cli_sends_jsonl_events_and_batch_envelopes(bootstrap, tmp_path)
     cli = [
         sys.executable,
         "-m",
-        "dpstream.pipeline.cli",
+        "dpstream.pipeline.tools.cli",
         "produce",
         "--config",
         str(config),

@@ -31,9 +31,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from dpstream.config.schema import parse_config
-from dpstream.pipeline.clients import make_producer, produce_events
-from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.worker_support import spawn_worker, stop_worker
+from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.tools.synthetic import synthetic_events
+from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from dpstream.testing import unique_names
 from tests.integration.support import (
     TICK,
@@ -48,7 +48,7 @@ from tests.integration.support import (
 pytestmark = pytest.mark.integration
 
 KEY_ENV = "DPSTREAM_TEST_SECRET_KEY"
-CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
+CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
 
 
 def secret_forms(material: bytes) -> dict[str, bytes]:

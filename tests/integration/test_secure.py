@@ -41,11 +41,11 @@ from confluent_kafka.admin import (
 from dpstream.config.schema import KafkaSecurityConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.secure_broker import SecureKafka
-from dpstream.pipeline.acls import Principals, all_args, bindings
-from dpstream.pipeline.kafka_security import check_connection, confluent_config
-from dpstream.pipeline.synthetic import synthetic_events
-from dpstream.pipeline.topics import adopt_former_worker_offsets, ensure_topics, group_id
-from dpstream.pipeline.worker_support import spawn_worker, stop_worker
+from dpstream.pipeline.kafka.acls import Principals, all_args, bindings
+from dpstream.pipeline.kafka.security import check_connection, confluent_config
+from dpstream.pipeline.kafka.topics import adopt_former_worker_offsets, ensure_topics, group_id
+from dpstream.pipeline.tools.synthetic import synthetic_events
+from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from dpstream.testing import unique_names
 from tests.integration.scenarios import zero_noise_count_of_clicks
 from tests.integration.support import (
@@ -62,7 +62,7 @@ from tests.integration.support import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.secure]
 
-CLI = [sys.executable, "-m", "dpstream.pipeline.cli"]
+CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
 ROLES = {"dpstream": "worker", "producer": "producer", "reader": "reader"}
 PRINCIPALS = Principals("User:dpstream", "User:reader", "User:producer")
 ROUNDS = 3
@@ -375,7 +375,7 @@ def test_the_former_worker_groups_offsets_are_taken_over_once(secure_kafka_broke
         commit(secured, cfg.app_id, former)
         return parse_config({**data, "kafka": secured.kafka_section(user)})
 
-    caplog.set_level(logging.INFO, "dpstream.pipeline.topics")
+    caplog.set_level(logging.INFO, "dpstream.pipeline.kafka.topics")
     cfg = app_with_former_offsets("admin", 0)
     adopt_former_worker_offsets(cfg, secured.sasl_bootstrap)
     taken = group_offsets(admin, group_id(cfg.app_id, "worker"))

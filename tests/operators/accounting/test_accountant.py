@@ -96,7 +96,7 @@ def test_the_review_two_cell_case_is_charged_twice_the_epoch_cap():
     # Issue 24 item 2: strict cells a and b, epsilon 0.5 per cell, epoch_cap 0.5, one user
     # with one event in each: kept in a, dropped from b at the cap; without the event in a,
     # kept in b. Both cells' inputs change: 1.0 = 2B (the exhaustive case:
-    # tests/pipeline/test_cells.py). Under whole_user removing the user changes a only: B.
+    # tests/statistics/test_cells.py). Under whole_user removing the user changes a only: B.
     half = Fraction(1, 2)
     strict = StatisticTerms("speed", "cell_mean", half, epoch_cap=half)
     charge = acc.charge_of(strict, "any_subset")

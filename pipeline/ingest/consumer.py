@@ -1,0 +1,376 @@
+"""The ingest stage's Kafka side: the users' source topics -> dpstream's events topic, by
+user (its per-record work is ``route.py``).
+
+The source topics are someone else's: the ingest reads them in a consumer group
+(``<app_id>-ingest``) with confluent-kafka, needs only Read and Describe on them, and
+never writes to them or changes their settings. Any producer, partitioner, partition
+count or key (or none) works: the user id is a field of the value
+(``input.user_id_field``). Each event is validated (``records.parse_event``, the rules and
+reasons of every other path); a bad one goes to the dead-letter topic with its source
+topic, partition, offset and index. The good ones go to the events topic, to the partition
+murmur2 picks for their user (stage 1 keeps each user's contribution bound in one place),
+as columnar envelopes (``records.encode_envelope``) that keep each event's source position.
+
+Exactly once without transactions (docs/design.md, "Exactly once from the source"): the
+ingest commits a source offset only after the broker has acknowledged every envelope and
+dead letter of the records before it, so a crash re-sends and never skips; its producer is
+idempotent and gapless (a partition receives a prefix of what it was sent, in order); stage
+1 drops an event at or below the last source position it counted (``drivers.unseen``).
+
+Memory is bounded: at most two batches of ``input.ingest_batch`` source records are held,
+one on its way to the broker while the next is read and routed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import Counter, deque
+from typing import Any, TypedDict
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from dpstream.config.schema import PipelineConfig
+from dpstream.operators.errors import DpStreamError
+
+from ..kafka.security import confluent_config
+from ..kafka.topics import group_id
+from ..wire.records import (
+    ENVELOPE,
+    HEADER,
+    limits_for,
+)
+from .route import SourceRecord, from_last_restart, route
+
+log = logging.getLogger(__name__)
+
+LOG_SECONDS = 10.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class IngestFailed(DpStreamError):
+    """The events topic refused what the ingest sent; it stops without committing, and a
+    restarted ingest re-sends from the last committed offset."""
+
+
+class _Partition(TypedDict, total=False):
+    """``Producer.produce``'s partition, passed only when chosen (else the partitioner's)."""
+
+    partition: int
+
+
+def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id(cfg.app_id, "ingest"),
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        # librdkafka's default (1 s) idles the fetcher after the first fetches.
+        "fetch.queue.backoff.ms": 10,
+        "log_level": 0,
+        **_group_timeouts(),
+        **confluent_config(cfg.kafka),
+    }
+
+
+def _group_timeouts() -> dict[str, int]:
+    """The worker's Faust group timeouts (BROKER_SESSION_TIMEOUT, BROKER_HEARTBEAT_INTERVAL,
+    in seconds, from the environment) hold for its ingest too: both stages fail over alike."""
+    out = {}
+    for env, setting in (
+        ("BROKER_SESSION_TIMEOUT", "session.timeout.ms"),
+        ("BROKER_HEARTBEAT_INTERVAL", "heartbeat.interval.ms"),
+    ):
+        if os.environ.get(env):
+            out[setting] = int(float(os.environ[env]) * 1000)
+    return out
+
+
+def producer_config(bootstrap: str, cfg: PipelineConfig) -> dict[str, object]:
+    return {
+        "bootstrap.servers": bootstrap,
+        # In order, once, and without gaps: a failed batch stops the producer rather than
+        # letting a later one land after it (stage 1's dedupe needs a prefix), and no
+        # message times out locally (a timeout is the one gap gapless does not cover).
+        "enable.idempotence": True,
+        "enable.gapless.guarantee": True,
+        "message.timeout.ms": 0,
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "log_level": 0,
+        **confluent_config(cfg.kafka),
+    }
+
+
+ENVELOPE_HEADERS = [(HEADER, ENVELOPE)]
+
+
+class _Batch:
+    """One batch of source records on its way: the offsets to commit once the
+    ``outstanding`` envelopes and dead letters are acknowledged."""
+
+    __slots__ = ("ends", "failure", "outstanding")
+
+    def __init__(self, ends: dict[tuple[str, int], int], outstanding: int) -> None:
+        self.ends = ends
+        self.outstanding = outstanding
+        self.failure: KafkaError | None = None
+
+    def delivered(self, error: KafkaError | None, _msg: object) -> None:
+        self.outstanding -= 1
+        if error is not None and self.failure is None:
+            self.failure = error
+
+
+def _ends(records: list[SourceRecord]) -> dict[tuple[str, int], int]:
+    """Per source partition, the offset after the batch's last record."""
+    return {(r.topic, r.partition): r.offset + 1 for r in records}
+
+
+class Ingest:
+    """One ingest: a consumer-group member over the source topics and a producer."""
+
+    def __init__(self, cfg: PipelineConfig, bootstrap: str) -> None:
+        self._cfg = cfg
+        self._limits = limits_for(cfg)
+        self._wait = cfg.input.ingest_wait_ms / 1000
+        self._consumer = Consumer(consumer_config(cfg, bootstrap))
+        self._producer = Producer(producer_config(bootstrap, cfg))
+        self._pending: deque[_Batch] = deque()  # sent, oldest first, not yet committed
+        self._logged = time.monotonic()
+        self._rebalanced = False  # a rebalance callback ran during the current read
+        self.events = 0  # events sent to the events topic so far
+        self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
+
+    def run(self, stop: Any, parent: int | None = None) -> None:
+        """Until ``stop`` is set (or the ``parent`` process is gone): consume, route, send,
+        wait for the acknowledgements, commit."""
+        self._consumer.subscribe(
+            self._cfg.input.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+        try:
+            while not stop.is_set() and (parent is None or os.getppid() == parent):
+                self.step(timeout=0.5)
+                if time.monotonic() - self._logged > LOG_SECONDS:
+                    self._log_progress()
+        finally:
+            self.close()
+
+    def _log_progress(self) -> None:
+        self._logged = time.monotonic()
+        log.info("ingest lag by source partition: %s", self.lag())
+        if self.rejected:
+            log.warning("dead-lettered records so far by reason: %s", dict(self.rejected))
+
+    def step(self, timeout: float) -> int:
+        """Read a batch, route it and send it; commit every earlier batch the events
+        topic has acknowledged. Returns how many source records the batch held."""
+        records = self._read(timeout)
+        if not records:
+            self._settle(0)
+            return 0
+        routed = route(records, self._limits, self._cfg.input.partitions)
+        batch = _Batch(_ends(records), len(routed.envelopes) + len(routed.dead_letters))
+        for partition, value in routed.envelopes:
+            self._send(self._cfg.events_topic, value, partition, ENVELOPE_HEADERS, batch)
+        for value in routed.dead_letters:
+            self._send(self._cfg.outputs.dead_letter_topic, value, None, None, batch)
+        self._pending.append(batch)
+        # This batch's acknowledgements arrive while the next one is read and routed; the
+        # one before must be complete first (at most two batches held).
+        self._settle(1)
+        self.events += routed.events
+        self.rejected.update(routed.reasons)
+        return len(records)
+
+    def _read(self, timeout: float) -> list[SourceRecord]:
+        # poll waits for the first record; then the batch fills for at most
+        # ``ingest_wait_ms``. consume(n, t) alone is not enough: since confluent-kafka
+        # 2.13 it returns once some records came in one of its 200 ms slices.
+        self._rebalanced = False
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return []
+        messages, size = [first], self._cfg.input.ingest_batch
+        deadline = time.monotonic() + self._wait
+        while len(messages) < size:
+            left = deadline - time.monotonic()
+            messages += self._consumer.consume(size - len(messages), max(left, 0.0))
+            if left <= 0:
+                break
+        records = []
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                log.warning("ingest consumer: %s", error)
+                continue
+            # tuple.__new__: without the NamedTuple's Python-level __new__ (per record).
+            records.append(
+                tuple.__new__(
+                    SourceRecord,
+                    (msg.topic(), msg.partition(), msg.offset(), msg.headers(), msg.value()),
+                )
+            )
+        return from_last_restart(records) if self._rebalanced else records
+
+    def _send(
+        self, topic: str, value: bytes, partition: int | None, headers, batch: _Batch
+    ) -> None:
+        kwargs: _Partition = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value, headers=headers, on_delivery=batch.delivered, **kwargs
+                )
+                return
+            except BufferError:  # the producer's queue is full: let it drain
+                self._producer.poll(0.1)
+
+    def _settle(self, keep: int) -> None:
+        """Wait until at most ``keep`` batches are unacknowledged, and commit the source
+        offsets of every batch acknowledged whole, oldest first: a commit of ``c`` says
+        that every record below ``c`` is in the events or the dead-letter topic."""
+        self._producer.poll(0)
+        while self._pending:
+            batch = self._pending[0]
+            if batch.failure is not None:
+                raise IngestFailed(f"the events topic refused a record: {batch.failure}")
+            if batch.outstanding == 0:
+                self._commit(self._pending.popleft().ends)
+            elif len(self._pending) > keep:
+                self._producer.poll(0.05)
+            else:
+                return
+
+    def _commit(self, ends: dict[tuple[str, int], int]) -> None:
+        offsets = [TopicPartition(t, p, end) for (t, p), end in ends.items()]
+        try:
+            # Asynchronous: requests go out in order; a lost one is covered by the next.
+            self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            # A rebalance took the partitions: their new owner starts at the last commit,
+            # which is at or below what was sent, and stage 1 drops what it counted.
+            log.warning("ingest: commit refused (%s); the next owner re-sends", exc)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Hand the partitions over with everything sent committed: fewer re-sends.
+        self._rebalanced = True
+        self._settle(0)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalanced = True
+        log.info("ingest assigned %s", sorted(f"{p.topic}[{p.partition}]" for p in partitions))
+
+    def lag(self) -> dict[str, int]:
+        """Records behind the end of each assigned source partition."""
+        out = {}
+        for tp in self._consumer.assignment():
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            position = self._consumer.position([tp])[0].offset
+            if high >= 0 and position >= 0:
+                out[f"{tp.topic}[{tp.partition}]"] = high - position
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(IngestFailed):
+            self._settle(0)
+        self._consumer.close()
+        self._producer.flush(5.0)
+
+
+def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> dict[str, dict]:
+    """Per source partition: the ingest group's committed offset, the end, and the lag
+    (what ``dpstream lag`` prints; a Kafka tool's ``--describe --group`` says the same)."""
+    consumer = Consumer(consumer_config(cfg, bootstrap))
+    try:
+        out: dict[str, dict] = {}
+        topics = consumer.list_topics(timeout=timeout).topics
+        tps = [
+            TopicPartition(t, p)
+            for t in cfg.input.topics
+            if t in topics
+            for p in sorted(topics[t].partitions)
+        ]
+        for tp in consumer.committed(tps, timeout=timeout) if tps else []:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            at = tp.offset if tp.offset >= 0 else low
+            out[f"{tp.topic}[{tp.partition}]"] = {
+                "committed": tp.offset if tp.offset >= 0 else None,
+                "end": high,
+                "lag": high - at,
+            }
+        return out
+    finally:
+        consumer.close()
+
+
+class IngestHandle:
+    """The worker's ingest, in a thread or a child process, stopped with the worker."""
+
+    def __init__(self, cfg: PipelineConfig, bootstrap: str, mode: str) -> None:
+        if mode == "thread":
+            self._stop: Any = threading.Event()
+            self._runner: Any = threading.Thread(
+                target=run_ingest, args=(cfg, bootstrap, self._stop), name="ingest", daemon=True
+            )
+        else:
+            # spawn: the worker already runs librdkafka's threads, which fork would not copy.
+            context = multiprocessing.get_context("spawn")
+            self._stop = context.Event()
+            self._runner = context.Process(
+                target=run_ingest,
+                args=(cfg, bootstrap, self._stop, os.getpid()),
+                name="dpstream-ingest",
+                daemon=True,
+            )
+        self._runner.start()
+
+    def is_alive(self) -> bool:
+        return self._runner.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        """The ingest process's exit code once it ended (negative: the signal that ended
+        it); None while it runs, or for an ingest in a thread."""
+        if isinstance(self._runner, multiprocessing.process.BaseProcess):
+            return self._runner.exitcode
+        return None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stop.set()
+        self._runner.join(timeout)
+        if isinstance(self._runner, multiprocessing.process.BaseProcess) and self.is_alive():
+            self._runner.kill()
+
+
+def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | None = None) -> None:
+    """An ingest until ``stop`` is set (or, in a child process, its worker is gone)."""
+    if parent is not None:
+        # A terminal's Ctrl-C reaches the whole process group; this process stops when its
+        # worker has shut down cleanly (``stop``), or with the worker (``_die_with_parent``),
+        # not halfway through a batch with a KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _die_with_parent()
+        logging.basicConfig(
+            level=logging.INFO, format="[%(asctime)s] [ingest %(process)d] %(message)s"
+        )
+    ingest = Ingest(cfg, bootstrap)
+    ingest.run(stop, parent)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this process when its worker dies, however it dies, so a
+    killed worker's ingest sends nothing more (elsewhere ``run`` notices within a batch)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return

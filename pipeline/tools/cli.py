@@ -1,0 +1,496 @@
+"""The ``dpstream`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from dpstream.config.schema import ConfigError, PipelineConfig, load_config
+from dpstream.operators.errors import DpStreamError
+
+log = logging.getLogger("dpstream")
+
+# Where a worker runs its ingest unless told (docs/benchmarks.md measured both).
+INGEST_DEFAULT = "process"
+
+
+def resolve_bootstrap(arg: str | None) -> str:
+    """--bootstrap, else KAFKA_BOOTSTRAP_SERVERS, else the broker of `dpstream broker start`."""
+    if arg:
+        return arg
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    from dpstream.deploy.broker import status_detached
+
+    status = status_detached()
+    if status and status.get("alive"):
+        return str(status["bootstrap"])
+    raise DpStreamError(
+        "no Kafka broker: pass --bootstrap, set KAFKA_BOOTSTRAP_SERVERS, "
+        "or run `dpstream broker start`"
+    )
+
+
+PASSWORD_ENV = "DPSTREAM_KAFKA_PASSWORD"  # noqa: S105 - a variable name, not a password
+"""The variable `dpstream broker start --secure` tells users to put the password in."""
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from dpstream.deploy import broker, secure_broker
+
+    if args.action == "fetch":
+        print(broker.fetch_jars())
+    elif args.action == "start" and args.secure:
+        print(secured_broker_start())
+    elif args.action == "start":
+        info = broker.start_detached()
+        if secure_broker.is_secure(Path(info["data_dir"])):
+            raise DpStreamError("a secured broker is running: `dpstream broker stop` it first")
+        print(f"Kafka broker running at {info['bootstrap']}")
+        print(f"  export KAFKA_BOOTSTRAP_SERVERS={info['bootstrap']}")
+    elif args.action == "stop":
+        print("stopped" if broker.stop_detached() else "no local broker was running")
+    else:
+        status = broker.status_detached()
+        if not status:
+            print("no local broker")
+            return 1
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2, default=str).decode())
+        return 0 if status.get("alive") else 1
+    return 0
+
+
+def secured_broker_start() -> str:
+    """Start (or find) the local secured broker; what a user needs to reach it."""
+    import yaml
+
+    from dpstream.deploy import broker, secure_broker
+
+    def start(timeout: float) -> broker.LocalKafka:
+        return secure_broker.SecureKafka.start(timeout=max(timeout, 90.0)).node
+
+    info = broker.start_detached(start=start)
+    node = broker.running_detached()
+    if node is None or not secure_broker.is_secure(node.data_dir):
+        raise DpStreamError("a plain broker is running: `dpstream broker stop` it first")
+    secured = secure_broker.SecureKafka.found_in(node)
+    users = ", ".join(secure_broker.USERS)
+    sasl = secured.kafka_section(password_env=PASSWORD_ENV)
+    mtls = secured.kafka_section(listener="SSL")
+    return "\n".join(
+        [
+            f"Kafka broker (secured) {'already ' if info['already_running'] else ''}running",
+            f"  SASL_SSL, {secure_broker.MECHANISM}, users {users}: {secured.sasl_bootstrap}",
+            f"  SSL with client certificates (mutual TLS), the same users: {secured.ssl_bootstrap}",
+            "  the users may do nothing until ACLs grant it: dpstream acls --config FILE --apply",
+            "",
+            f"export KAFKA_BOOTSTRAP_SERVERS={secured.sasl_bootstrap}",
+            f'export {PASSWORD_ENV}="$(cat {secured.password_file("dpstream")})"',
+            "",
+            "# the pipeline config's kafka: section (SASL_SSL, user dpstream)",
+            yaml.safe_dump({"kafka": sasl}, sort_keys=False).rstrip(),
+            f"# or over mutual TLS (bootstrap {secured.ssl_bootstrap})",
+            yaml.safe_dump({"kafka": mtls}, sort_keys=False).rstrip(),
+        ]
+    )
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from dpstream.deploy import broker, secure_broker
+
+    from ..kafka.acls import Principals, all_args, script
+
+    cfg = load_config(args.config)
+    principals = Principals(args.worker, args.reader or None, args.producer or None)
+    if not args.apply:
+        print(script(cfg, principals), end="")
+        return 0
+    node = broker.running_detached()
+    if node is None or not secure_broker.is_secure(node.data_dir):
+        raise DpStreamError(
+            "--apply needs the local secured broker: dpstream broker start --secure"
+        )
+    secured = secure_broker.SecureKafka.found_in(node)
+    commands = all_args(cfg, principals)
+    for argv in commands:
+        secured.kafka_acls(argv)
+    print(f"granted {len(commands)} ACL commands on the secured broker {secured.sasl_bootstrap}")
+    return 0
+
+
+def connected(cfg: PipelineConfig, arg: str | None) -> str:
+    """The bootstrap servers (:func:`resolve_bootstrap`), once a connection with the
+    config's ``kafka:`` settings worked: a refused one stops here, naming the setting."""
+    from ..kafka.security import check_connection
+
+    bootstrap = resolve_bootstrap(arg)
+    check_connection(cfg.kafka, bootstrap)
+    return bootstrap
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from dpstream.statistics.registry import describe
+
+    cfg = load_config(args.file)
+    statement = cfg.privacy_statement()
+    print(f"{args.file}: OK")
+    print(
+        f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
+        f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
+        f"tick {cfg.ticks.interval_seconds:g}s (released {cfg.ticks.release_delay:g}s after its "
+        f"end), noise {cfg.noise.mode.value}"
+    )
+    for s in cfg.statistics:
+        print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
+    for line in statement.describe():
+        print(f"  {line}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
+    return 0
+
+
+def run_worker(
+    cfg: PipelineConfig, bootstrap: str, loglevel: str = "info", ingest: str = INGEST_DEFAULT
+) -> None:
+    import faust
+
+    from ..ingest.consumer import IngestHandle
+    from ..kafka.security import check_connection
+    from ..kafka.topics import (
+        adopt_former_worker_offsets,
+        changelog_topics,
+        ensure_topics,
+        missing_topics,
+        replication,
+    )
+    from ..worker.app import create_app
+    from ..worker.keys import load_key
+    from ..worker.ledger import record_statement
+
+    key = load_key(cfg)  # before anything else: no key, no start
+    # A refused password or certificate stops here, with one message naming the setting.
+    brokers = check_connection(cfg.kafka, bootstrap)
+    ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
+    # A changelog that is gone while the ledger says its statistics released: refused
+    # before the topics are made again (ledger.record_statement).
+    lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
+    # Refuses a statistic changed under its name, another key, a forged ledger, lost
+    # state; the statement (and each statistic's run) goes to the ledger.
+    plan = record_statement(cfg, bootstrap, key, lost_state=lost)
+    ensure_topics(cfg, bootstrap)
+    adopt_former_worker_offsets(cfg, bootstrap)
+    datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
+    handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
+    try:
+        replicas, _ = replication(brokers)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
+        worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+        worker.execute_from_commandline()
+    finally:
+        if handle is not None:
+            handle.stop()
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    import threading
+
+    from ..ingest.consumer import run_ingest
+    from ..kafka.topics import ensure_ingest_topics
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
+    # An ingest configured for another partition count would route users to partitions
+    # whose stage 1 does not own them: refused here, before it reads anything.
+    ensure_ingest_topics(cfg, bootstrap)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    run_ingest(cfg, bootstrap, stop)
+    return 0
+
+
+def cmd_lag(args: argparse.Namespace) -> int:
+    from ..ingest.consumer import source_lag
+
+    cfg = load_config(args.config)
+    lags = source_lag(cfg, connected(cfg, args.bootstrap))
+    for name, row in lags.items():
+        print(f"{name}\tcommitted={row['committed']}\tend={row['end']}\tlag={row['lag']}")
+    print(f"total lag: {sum(row['lag'] for row in lags.values())}")
+    return 0
+
+
+def _jsonl(path: str):
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    yield orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    raise DpStreamError(f"{path}:{lineno}: not valid JSON") from None
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from ..kafka.clients import make_producer, produce_events
+    from ..kafka.topics import ensure_topics
+    from .synthetic import synthetic_events
+
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
+    # The source topics only: a producer needs no right on dpstream's own.
+    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
+    if args.events:
+        events = list(_jsonl(args.events))
+    else:
+        events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
+    producer = make_producer(bootstrap, cfg.kafka)
+    chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
+    sent = 0
+    start = time.monotonic()
+    for i in range(0, len(events), chunk):
+        sent += produce_events(producer, cfg, events[i : i + chunk], batch=args.batch)
+        if args.rate:
+            time.sleep(max(0.0, start + sent / args.rate - time.monotonic()))
+    producer.flush(30)
+    print(f"produced {sent} events to {cfg.input.topics[0]}")
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from ..kafka.clients import read_releases
+    from ..kafka.topics import group_id
+
+    cfg = load_config(args.config)
+    consumer = read_releases(
+        connected(cfg, args.bootstrap),
+        cfg.release_topic(args.statistic),
+        group=group_id(cfg.app_id, f"tail-{args.statistic}"),
+        from_beginning=args.from_beginning,
+        security=cfg.kafka,
+    )
+    seen = 0
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    try:
+        while (args.max is None or seen < args.max) and (
+            deadline is None or time.monotonic() < deadline
+        ):
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            value = msg.value()
+            if value is None:  # no release in a record without a value
+                continue
+            sys.stdout.write(value.decode() + "\n")
+            sys.stdout.flush()
+            seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..worker.keys import load_key
+    from .replay import replay_file
+
+    cfg = load_config(args.config)
+    for line in replay_file(cfg, args.events, load_key(cfg), unverified=args.unverified):
+        sys.stdout.write(line.decode() + "\n")
+    return 0
+
+
+def cmd_export_log(args: argparse.Namespace) -> int:
+    from ..worker.keys import load_key
+    from .export import export_log
+
+    cfg = load_config(args.config)
+    try:
+        key = load_key(cfg)
+    except ConfigError as exc:
+        # Without the key the log has no MAC: a keyed replay of it needs --unverified.
+        print(f"dpstream: {exc}; the log is written without its MAC", file=sys.stderr)
+        key = None
+    out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
+    try:
+        for line in export_log(cfg, connected(cfg, args.bootstrap), key):
+            out.write(line + b"\n")
+    finally:
+        if args.out:
+            out.close()
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from ..worker.keys import load_key
+    from ..worker.ledger import history_of, plan, read_records, record_statement, runs_of
+
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
+    key = load_key(cfg)
+    if args.charge_again:
+        adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
+        for name in args.charge_again:
+            print(f"{name}: new run {adopted.runs[name].run_id} (the old run stays charged)")
+        for line in adopted.statement.describe():
+            print(line)
+        return 0
+    history = history_of(cfg, read_records(cfg, bootstrap), key)
+    runs, retired, _ = runs_of(history.statements)
+    print(f"ledger {cfg.outputs.ledger_topic}, app_id {cfg.app_id}:")
+    for entry in history.statements:
+        print(
+            f"  statement: {', '.join(entry['identities'])} -> one user can lose at most "
+            f"{entry['per_user_total']:g} of total_epsilon={entry['total_epsilon']:g}"
+        )
+    for name, run in sorted(runs.items()):
+        spent = "" if run.charge is None else f" charged {float(run.charge.epsilon):g}"
+        start = history.starts.get((name, run.run_id))
+        since = "not released yet" if start is None else f"released from tick {start}"
+        print(f"  {name}: run {run.run_id}{spent}, {since}")
+    for (name, run_id), charge in sorted(retired.items()):
+        print(f"  {name} (retired run {run_id}): {float(charge.epsilon):g}")
+    for line in plan(cfg, history, key).statement.describe():
+        print(f"  {line}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(duration=args.duration, users=args.users, rate=args.rate, out=Path(args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpstream", description="Differentially private running statistics over Kafka."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", required=True, help="pipeline definition (YAML)")
+        p.add_argument("--bootstrap", help="Kafka bootstrap servers (host:port,...)")
+        return p
+
+    p = sub.add_parser("broker", help="local Apache Kafka (KRaft) broker from Kafka's jars")
+    p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: SASL_SSL (SCRAM) and mutual TLS listeners, ACLs enforced",
+    )
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("acls", help="the Kafka ACLs a pipeline needs, as kafka-acls commands")
+    p.add_argument("--config", required=True, help="pipeline definition (YAML)")
+    p.add_argument("--worker", default="User:dpstream", help="the worker's principal")
+    p.add_argument("--reader", default="User:reader", help="a release reader ('' for none)")
+    p.add_argument("--producer", default="User:producer", help="a source producer ('' for none)")
+    p.add_argument("--apply", action="store_true", help="grant them on the local secured broker")
+    p.set_defaults(func=cmd_acls)
+
+    p = sub.add_parser("check-config", help="validate a pipeline definition")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_check_config)
+
+    p = with_config(sub.add_parser("worker", help="run a dpstream worker (Faust)"))
+    p.add_argument("--loglevel", default="info")
+    p.add_argument(
+        "--ingest",
+        choices=["process", "thread", "off"],
+        default=INGEST_DEFAULT,
+        help="where this worker's ingest runs (off: run `dpstream ingest` elsewhere)",
+    )
+    p.set_defaults(func=cmd_worker)
+
+    p = with_config(sub.add_parser("ingest", help="run only an ingest (source -> events topic)"))
+    p.set_defaults(func=cmd_ingest)
+
+    p = with_config(sub.add_parser("lag", help="the ingest's lag per source partition"))
+    p.set_defaults(func=cmd_lag)
+
+    p = with_config(sub.add_parser("produce", help="produce events to the first source topic"))
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--events", help="JSONL file of events")
+    src.add_argument("--synthetic-users", type=int, help="generate events from N users")
+    p.add_argument("--count", type=int, default=10_000, help="synthetic events to produce")
+    p.add_argument(
+        "--rate", type=float, default=0, help="events per second (0: as fast as possible)"
+    )
+    p.add_argument("--batch", type=int, default=1, help="events per batch envelope (1: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_produce)
+
+    p = with_config(sub.add_parser("tail", help="print a statistic's releases as JSONL"))
+    p.add_argument("statistic")
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--max", type=int)
+    p.add_argument("--timeout", type=float, help="stop after this many seconds")
+    p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
+    p.add_argument("--config", required=True)
+    p.add_argument("--events", required=True, help='JSONL log with {"tick": n} markers')
+    p.add_argument(
+        "--unverified",
+        action="store_true",
+        help="replay a log this pipeline did not export with its key: the output is as "
+        "sensitive as the key (docs/security.md)",
+    )
+    p.set_defaults(func=cmd_replay)
+
+    p = with_config(sub.add_parser("ledger", help="the ledger: what was spent, and runs"))
+    p.add_argument(
+        "--charge-again",
+        nargs="+",
+        metavar="STATISTIC",
+        help="begin these statistics anew (their state was lost): the old runs stay "
+        "charged and the new ones are charged too",
+    )
+    p.set_defaults(func=cmd_ledger)
+
+    p = with_config(sub.add_parser("export-log", help="write the events topic as a replay log"))
+    p.add_argument("--out", help="output file (default: stdout)")
+    p.set_defaults(func=cmd_export_log)
+
+    p = sub.add_parser("demo", help="broker + worker + synthetic users, live private counts")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of event traffic")
+    p.add_argument("--users", type=int, default=2000)
+    p.add_argument("--rate", type=float, default=300.0, help="events per second")
+    p.add_argument("--out", default="demo-out", help="folder for the plot and logs")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"dpstream: config error: {exc}", file=sys.stderr)
+        return 2
+    except DpStreamError as exc:
+        print(f"dpstream: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,747 @@
+"""Wire formats: the source topics' records, dpstream's events topic, and validation.
+
+A source record (the user's topic, read by the ingest, ``ingest.py``) is one of:
+  * an event: a JSON object
+    ``{"user_id": str, "value"?: number, "key"?: str, "ts"?: number|str, "op"?: "insert"|"delete"}``
+    (``op: delete`` feeds the deletion stream of statistics that have one), plus, for a
+    ``cell_mean`` statistic, its cell attribute (``cells.field``, e.g.
+    ``"h3": "8a2a1072b59ffff"``: a non-empty string). The user id is read from
+    ``input.user_id_field`` (a dotted path for a nested field); its key, partition and
+    producer do not matter;
+  * a batch envelope (header ``dpstream: batch``): a JSON array of such events (our
+    producer's), each event positioned by (record offset, index in the array).
+
+dpstream's events topic (written by the ingest and the clock only) holds
+  * envelopes (header ``dpstream: envelope``): the validated events of one source
+    partition whose users hash (murmur2) to the record's partition, in source order,
+    columnar for stage 1 (``encode_envelope``), with the fingerprint of the rules they
+    were validated and routed under (``rules_fingerprint``), which stage 1 checks along
+    with each event (``refused_rows``);
+  * tick markers (header ``dpstream: tick``): ``{"tick": n}``, written by the leader's
+    clock into every partition. Events between markers n-1 and n belong to tick n.
+
+dpstream's stage-2 topic (written by stage 1 and the clock only) holds stage 1's reports
+(no header, ``statistic.Report``) and release markers (header ``dpstream: release``):
+``{"tick": n}``, written by the leader's clock into every partition once tick n's release
+deadline has passed (``release_deadline_ms``); stage 2 publishes what it closed up to
+tick n then, stamped with that deadline.
+
+A bad source record or event is rejected with a reason and goes to the dead-letter topic.
+Reasons name the problem, never the raw value (user ids and payloads stay out of logs).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+from aiokafka.partitioner import murmur2
+
+from dpstream.config.schema import PipelineConfig
+from dpstream.statistics.events import NO_VALUE, Batch, Event, ValueRule
+from dpstream.statistics.registry import value_rule
+
+HEADER = "dpstream"
+TICK = b"tick"
+RELEASE = b"release"
+BATCH = b"batch"
+ENVELOPE = b"envelope"
+
+
+class BadRecord(Exception):  # noqa: N818 - it is a verdict on input, not a program error
+    """An input record (or one event of an envelope) that cannot be used, and why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_record_bytes: int
+    max_user_id_length: int
+    # The event keys some statistic counts; None when a statistic counts every event.
+    known_keys: frozenset[str] | None
+    value_rules: tuple[ValueRule, ...] = ()
+    # Event attributes that hold a cell key (kind cell_mean), and their longest value.
+    cell_fields: tuple[str, ...] = ()
+    max_cell_key_length: int = 128
+    # Where an event's user id is: a path of JSON object fields (``input.user_id_field``).
+    user_id_path: tuple[str, ...] = ("user_id",)
+    # key -> _value_plan(...) for an insert and for a delete: which rules apply to such an
+    # event, computed once.
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+RULES_DOMAIN = b"dpstream-envelope-rules-v1\0"
+
+
+def rules_fingerprint(limits: Limits, partitions: int) -> str:
+    """A short hash of everything that decides whether an event is accepted and where it
+    goes: the value rules, the known keys, the cell fields and their limit, the user id's
+    path and length limit (``limits``), and the events topic's partition count.
+
+    The ingest writes it into every envelope; stage 1 counts only envelopes made under its
+    own (docs/design.md, section 2a). Statistic names are left out (they name the reasons,
+    and a rule's order only picks which reason): renaming a statistic or reordering the
+    statistics is not a change of rules. ``max_record_bytes`` is left out too: it bounds a
+    source record, which stage 1 never sees, not what an event may contribute.
+    """
+    rules = {
+        orjson.dumps(
+            [
+                r.key,
+                r.needs_value,
+                r.max_value,
+                r.deletions,
+                r.cell_field,
+                None if r.cell_keys is None else sorted(r.cell_keys),
+            ]
+        ).decode()
+        for r in limits.value_rules
+    }
+    canonical = orjson.dumps(
+        {
+            "rules": sorted(rules),
+            "known_keys": None if limits.known_keys is None else sorted(limits.known_keys),
+            "cell_fields": sorted(limits.cell_fields),
+            "max_cell_key_length": limits.max_cell_key_length,
+            "user_id_path": list(limits.user_id_path),
+            "max_user_id_length": limits.max_user_id_length,
+            "partitions": partitions,
+        },
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(RULES_DOMAIN + canonical).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1 << 16)  # ~10 MB at most
+def _murmur2_positive(user_id: str) -> int:
+    # Users repeat (the ingest routes every event, close_tick checks every entry): the
+    # pure-Python murmur2 cost 4 µs per event uncached.
+    return murmur2(user_id.encode()) & 0x7FFFFFFF
+
+
+def partition_for(user_id: str, partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner picks for key ``user_id``."""
+    return _murmur2_positive(user_id) % partitions
+
+
+def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) -> bytes | None:
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, dict) else headers
+    for name, value in items:
+        if name == HEADER:
+            return bytes(value) if value is not None else b""  # b"": an unknown kind
+    return None
+
+
+def parse_event(obj: object, limits: Limits) -> Event:
+    # orjson returns exact dicts, lists, strs, ints, floats and bools: ``type(x) is``
+    # checks are exact here (a bool is not an int) and cheaper than isinstance.
+    if type(obj) is not dict:
+        raise BadRecord("event is not a JSON object")
+    get = obj.get
+    path = limits.user_id_path
+    user_id = get(path[0]) if len(path) == 1 else _nested(obj, path)
+    if type(user_id) is not str or len(user_id) > limits.max_user_id_length or not user_id.strip():
+        raise _bad_user_id(user_id, ".".join(path))
+    key = get("key")
+    if key is not None and type(key) is not str:
+        raise BadRecord("key is not a string")
+    if limits.known_keys is not None and key not in limits.known_keys:
+        # No statistic would count this event.
+        raise BadRecord("unknown statistic key" if key is not None else "missing key")
+    value = get("value")
+    if value is not None:
+        if type(value) is int:
+            value = float(value)
+        elif type(value) is not float:
+            raise BadRecord("value is not a number")
+        elif not math.isfinite(value):
+            raise BadRecord("value is not finite")
+    ts = get("ts")
+    if ts is not None and type(ts) not in (int, float, str):
+        raise BadRecord("ts is not a number or string")
+    op = get("op", "insert")  # present but null is not an op
+    if op == "insert":
+        delete = False
+    elif op == "delete":
+        delete = True
+    else:
+        raise BadRecord("op is not insert or delete")
+    cells: tuple[tuple[str, str], ...] = ()
+    for name in limits.cell_fields:
+        cell = get(name)
+        if cell is None:
+            continue  # a statistic that needs it rejects the event below
+        if type(cell) is not str:
+            raise BadRecord(f"{name} is not a string")
+        if not cell.strip():
+            raise BadRecord(f"empty {name}")
+        if len(cell) > limits.max_cell_key_length:
+            raise BadRecord(f"{name} too long")
+        cells += ((name, cell),)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__: 0.25 µs of the ingest's
+    # per-event cost.
+    event = tuple.__new__(Event, (user_id, key, value, delete, cells))
+    plans = limits.plans.get(key)  # keyed by key alone: no tuple built per event
+    if plans is None:
+        rules = limits.value_rules
+        plans = limits.plans[key] = (_value_plan(rules, key, False), _value_plan(rules, key, True))
+    deletable, checks = plans[delete]
+    if checks:
+        _check_values(event, checks)
+    if delete and not deletable:
+        raise BadRecord("op delete: no statistic with deletions counts this event")
+    return event
+
+
+def _nested(obj: object, path: tuple[str, ...]) -> object:
+    for name in path:
+        if type(obj) is not dict:
+            return None
+        obj = obj.get(name)
+    return obj
+
+
+def _bad_user_id(user_id: object, name: str) -> BadRecord:
+    if user_id is None:
+        return BadRecord(f"missing {name}")
+    if type(user_id) is not str:
+        return BadRecord(f"{name} is not a string")
+    if not user_id.strip():
+        return BadRecord(f"empty {name}")
+    return BadRecord(f"{name} too long")
+
+
+def _value_plan(
+    rules: tuple[ValueRule, ...], key: str | None, delete: bool
+) -> tuple[bool, tuple[ValueRule, ...]]:
+    """(whether a statistic with deletions counts such an event, the rules whose value
+    checks it must pass) for events with this key and op. The whole event is rejected if
+    any statistic that counts it cannot: it is never counted by some and not others."""
+    deletable, checks = False, []
+    for rule in rules:
+        if rule.key is not None and key != rule.key:
+            continue
+        deletable = deletable or rule.deletions
+        if (delete and not rule.deletions) or not rule.needs_value:
+            continue
+        checks.append(rule)
+    return deletable, tuple(checks)
+
+
+def _check_values(event: Event, checks: tuple[ValueRule, ...]) -> None:
+    for rule in checks:
+        if rule.max_value is None:
+            if event.value is None:
+                raise BadRecord(f"missing value (statistic {rule.statistic})")
+        elif event.value is None or event.value != int(event.value):
+            raise BadRecord(f"value is not an integer (statistic {rule.statistic})")
+        elif not 1 <= event.value <= rule.max_value:
+            raise BadRecord(f"value outside [1, {rule.max_value}] (statistic {rule.statistic})")
+        if rule.cell_field is not None:
+            cell = event.cell(rule.cell_field)
+            if cell is None:
+                raise BadRecord(f"missing {rule.cell_field} (statistic {rule.statistic})")
+            if rule.cell_keys is not None and cell not in rule.cell_keys:
+                raise BadRecord(f"{rule.cell_field} not in cells.keys (statistic {rule.statistic})")
+
+
+def _loads(value: bytes) -> object:
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        # orjson refuses NaN, Infinity and overflowing numbers; say so precisely.
+        if "infinity" in str(exc) or b"NaN" in value or b"Infinity" in value:
+            raise BadRecord("non-finite number (NaN or infinity)") from None
+        raise BadRecord("malformed JSON") from None
+
+
+# A marker is written by the leader's clock right after its time (a tick's end, a release
+# deadline); the broker stamps it (the events and stage-2 topics use LogAppendTime). One
+# that claims a time not yet come, or one long over, is not the clock's: anyone who may
+# write the topic could write it.
+MARKER_CLOCK_SKEW_SECONDS = 2.0
+MARKER_MAX_AGE_SECONDS = 300.0
+
+
+def release_deadline_ms(tick: int, interval: float, delay: float) -> int:
+    """Tick ``tick``'s release deadline, tick end + ``delay``, in whole milliseconds (a
+    Kafka timestamp): its releases' record timestamp."""
+    return round(((tick + 1) * interval + delay) * 1000)
+
+
+def check_marker_time(
+    tick: int,
+    interval: float,
+    timestamp_ms: int | None,
+    delay: float = 0.0,
+    what: str = "tick marker",
+) -> None:
+    """Raise BadRecord unless marker ``tick`` was appended after its time, the tick's end
+    plus ``delay`` (a release marker's: the release delay), and not long after
+    (``timestamp_ms``: the record's broker timestamp; None skips)."""
+    if timestamp_ms is None or timestamp_ms <= 0:
+        return
+    appended, due = timestamp_ms / 1000, (tick + 1) * interval + delay
+    if due > appended + MARKER_CLOCK_SKEW_SECONDS:
+        raise BadRecord(f"{what} from the future")
+    if appended - due > max(MARKER_MAX_AGE_SECONDS, 10 * interval):
+        raise BadRecord(f"{what} too old")
+
+
+def decode_tick(value: bytes, what: str = "tick marker") -> int:
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        raise BadRecord(f"malformed {what}") from None
+    tick = obj.get("tick") if isinstance(obj, dict) else None
+    if isinstance(tick, bool) or not isinstance(tick, int) or tick < 0:
+        raise BadRecord(f"malformed {what}")
+    return tick
+
+
+def encode_tick(tick: int) -> bytes:
+    return orjson.dumps({"tick": tick})
+
+
+def decode_events(
+    value: bytes | None, kind: bytes | None, limits: Limits
+) -> tuple[list[Event], list[tuple[int, str]]]:
+    """Decode an event record or envelope.
+
+    Returns the good events and, for an envelope, (index, reason) for each bad event in
+    it: one bad event does not sink its neighbours. Raises BadRecord when the record as
+    a whole is unusable.
+    """
+    if value is None:
+        raise BadRecord("empty record")
+    if len(value) > limits.max_record_bytes:
+        raise BadRecord("oversized record")
+    obj = _loads(value)
+    if kind == BATCH:
+        if type(obj) is not list:
+            raise BadRecord("batch envelope is not a JSON array")
+        good: list[Event] = []
+        bad: list[tuple[int, str]] = []
+        append = good.append
+        for i, item in enumerate(obj):
+            try:
+                append(parse_event(item, limits))
+            except BadRecord as exc:
+                bad.append((i, exc.reason))
+        return good, bad
+    if kind is not None:
+        raise BadRecord("unknown dpstream header")
+    return [parse_event(obj, limits)], []
+
+
+def event_json(event: Event) -> dict[str, object]:
+    """The canonical JSON form of a validated event (used by export and replay logs)."""
+    out: dict[str, object] = {"user_id": event.user_id}
+    if event.key is not None:
+        out["key"] = event.key
+    if event.value is not None:
+        out["value"] = event.value
+    if event.delete:
+        out["op"] = "delete"
+    for attr, cell in event.cells:
+        out[attr] = cell
+    return out
+
+
+# A dead letter keeps this much of the record it reports (for inspection; never logged).
+DEAD_LETTER_PAYLOAD_CHARS = 4096
+
+
+def dead_letter(
+    reason: str, topic: str, partition: int, offset: int, payload: bytes | None, index: int | None
+) -> bytes:
+    """A dead-letter record: why, where from, and (a bounded prefix of) what."""
+    text = (payload or b"").decode("utf-8", errors="replace")
+    record = {
+        "reason": reason,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "index": index,
+        "payload": text[:DEAD_LETTER_PAYLOAD_CHARS],
+        "payload_truncated": len(text) > DEAD_LETTER_PAYLOAD_CHARS,
+    }
+    return orjson.dumps(record)
+
+
+def event_dead_letter(reason: str, source: str, offset: int, index: int, event: Event) -> bytes:
+    """The dead letter of a validated event, named by its source position (``source``:
+    "<topic>/<partition>", as ``source_id`` writes it), its canonical JSON as the payload
+    (it can be produced again as it is)."""
+    topic, _, partition = source.rpartition("/")
+    payload = orjson.dumps(event_json(event))
+    return dead_letter(reason, topic, int(partition), offset, payload, index)
+
+
+Position = tuple[int, int]
+"""Where an event was in its source partition: (record offset, index in a batch record)."""
+
+_VALUE_TYPES = {float, int, type(None)}
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """Validated events of one source partition, in source order (positions strictly
+    increasing), all of users that hash to the events partition the envelope is in."""
+
+    source: str  # "<topic>/<partition>"
+    offsets: list[int]
+    indexes: list[int]
+    batch: Batch
+    rules: str | None = None  # the ingest's ``rules_fingerprint`` (None: the envelope has none)
+
+    @property
+    def events(self) -> list[Event]:
+        return list(self.batch)
+
+    def positions(self) -> list[Position]:
+        return list(zip(self.offsets, self.indexes, strict=True))
+
+
+def source_id(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def encode_envelope(
+    source: str, offsets: list[int], indexes: list[int], events: list[Event], *, rules: str
+) -> bytes:
+    """Columns, so that stage 1 reads an envelope into numpy arrays without a Python
+    object per event: "s" the source, "r" the rules the events were validated and routed
+    under (``rules_fingerprint``), "o" offsets, "U" the distinct user ids and "x" each
+    event's index in "U", and only where some event has one: "i" indexes, "K" the
+    distinct keys and "y" each event's index in "K" (-1: none), "v" values, "d" the
+    positions of deletions, "c" cell keys per attribute."""
+    users: dict[str, int] = {}
+    keys: dict[str | None, int] = {None: -1}
+    x, y, values, deletes = [], [], [], []
+    has_value = has_cells = False
+    for n, e in enumerate(events):
+        x.append(users.setdefault(e.user_id, len(users)))
+        y.append(keys.setdefault(e.key, len(keys) - 1))
+        values.append(e.value)
+        if e.value is not None:
+            has_value = True
+        if e.delete:
+            deletes.append(n)
+        if e.cells:
+            has_cells = True
+    out: dict[str, object] = {"s": source, "r": rules, "o": offsets, "U": list(users), "x": x}
+    if any(indexes):
+        out["i"] = indexes
+    if len(keys) > 1:
+        out["K"] = [k for k in keys if k is not None]
+        out["y"] = y
+    if has_value:
+        out["v"] = values
+    if deletes:
+        out["d"] = deletes
+    if has_cells:
+        attrs = sorted({a for e in events for a, _ in e.cells})
+        out["c"] = {a: [e.cell(a) for e in events] for a in attrs}
+    return orjson.dumps(out)
+
+
+def _column(obj: dict, name: str, n: int, kinds: tuple[type, ...]) -> list:
+    column = obj.get(name)
+    if column is None:
+        return [None] * n
+    if type(column) is not list or len(column) != n:
+        raise BadRecord("malformed envelope")
+    for item in column:
+        if item is not None and type(item) not in kinds:
+            raise BadRecord("malformed envelope")
+    return column
+
+
+def _ints(obj: dict, name: str, n: int, default: int, low: int, high: int | None) -> np.ndarray:
+    """Column ``name`` as int64, every entry in [low, high) (absent: all ``default``;
+    high None: no upper bound)."""
+    column = obj.get(name)
+    if column is None:
+        return np.full(n, default, dtype=np.int64)
+    if type(column) is not list or len(column) != n:
+        raise BadRecord("malformed envelope")
+    try:
+        array = np.array(column) if n else np.zeros(0, dtype=np.int64)
+    except ValueError:  # ragged nesting
+        raise BadRecord("malformed envelope") from None
+    if array.dtype.kind != "i" or array.ndim != 1:
+        raise BadRecord("malformed envelope")  # floats, strings, bools, nesting
+    if n and (array.min() < low or (high is not None and array.max() >= high)):
+        raise BadRecord("malformed envelope")  # out of range
+    return array.astype(np.int64, copy=False)
+
+
+def _names(obj: dict, name: str) -> list[str]:
+    names = obj.get(name, [])
+    if type(names) is not list or any(type(x) is not str for x in names):
+        raise BadRecord("malformed envelope")
+    return names
+
+
+def _values(values: list) -> np.ndarray:
+    """A value column (numbers and None) as float64, None as NaN."""
+    try:
+        array = np.array(values)
+    except ValueError:  # ragged nesting
+        raise BadRecord("malformed envelope") from None
+    if array.dtype.kind == "O":  # some events have no value: check the rest are numbers
+        if not set(map(type, values)) <= _VALUE_TYPES:
+            raise BadRecord("malformed envelope")
+        array = np.array(values, dtype=np.float64)  # None -> NaN
+    elif array.dtype.kind not in "fi":
+        raise BadRecord("malformed envelope")  # strings, bools
+    if array.ndim != 1 or bool(np.isinf(array).any()):
+        raise BadRecord("malformed envelope")
+    return array.astype(np.float64, copy=False)
+
+
+def _factorized(column: list) -> tuple[list, np.ndarray]:
+    """(distinct entries, index per entry, -1 for None) of a column of names, as
+    envelopes written before the "U" and "K" columns hold them (the topic may still)."""
+    index: dict = {None: -1}
+    codes = [index.setdefault(x, len(index) - 1) for x in column]
+    return [x for x in index if x is not None], np.array(codes, dtype=np.int64)
+
+
+def decode_envelope(value: bytes | None) -> Envelope:
+    """An envelope written by ``encode_envelope``; BadRecord when it is not one. Only the
+    shape is checked here (in numpy); stage 1 checks the events against its own rules
+    (``refused_rows``)."""
+    try:
+        obj = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        raise BadRecord("malformed envelope") from None
+    if type(obj) is not dict or type(obj.get("s")) is not str or type(obj.get("o")) is not list:
+        raise BadRecord("malformed envelope")
+    rules = obj.get("r")
+    if rules is not None and type(rules) is not str:
+        raise BadRecord("malformed envelope")
+    offsets = obj["o"]
+    n = len(offsets)
+    offset = _ints(obj, "o", n, 0, 0, None)
+    index = _ints(obj, "i", n, 0, 0, None)
+    if "u" in obj:  # written before the "U" column
+        user_ids, user = _factorized(_column(obj, "u", n, (str,)))
+        if n and user.min() < 0:
+            raise BadRecord("malformed envelope")
+    else:
+        user_ids = _names(obj, "U")
+        if "x" not in obj:
+            raise BadRecord("malformed envelope")
+        user = _ints(obj, "x", n, -1, 0, len(user_ids))
+    if "k" in obj:
+        keys, key = _factorized(_column(obj, "k", n, (str,)))
+    else:
+        keys = _names(obj, "K")
+        key = _ints(obj, "y", n, -1, -1, len(keys))
+    values = obj.get("v")
+    if values is None:
+        value_column = np.full(n, NO_VALUE)
+    elif type(values) is not list or len(values) != n:
+        raise BadRecord("malformed envelope")
+    else:
+        value_column = _values(values)
+    delete = np.zeros(n, dtype=bool)
+    deletes = obj.get("d")
+    if deletes:
+        delete[_ints(obj, "d", len(deletes) if type(deletes) is list else -1, 0, 0, n)] = True
+    cells_by_attr = obj.get("c") or {}
+    if type(cells_by_attr) is not dict:
+        raise BadRecord("malformed envelope")
+    cells = tuple((a, _column(cells_by_attr, a, n, (str,))) for a in cells_by_attr)
+    later = (offset[1:] > offset[:-1]) | ((offset[1:] == offset[:-1]) & (index[1:] > index[:-1]))
+    if not later.all():
+        raise BadRecord("malformed envelope")  # not in source order
+    indexes = obj["i"] if "i" in obj else [0] * n
+    batch = Batch(user_ids, user, keys, key, value_column, delete, cells)
+    return Envelope(obj["s"], offsets, indexes, batch, rules)
+
+
+def refused_rows(
+    batch: Batch, limits: Limits, partition: int, partitions: int
+) -> list[tuple[int, str]]:
+    """(row, reason) of each event of ``batch`` that an ingest under ``limits`` would not
+    have sent to events partition ``partition`` of ``partitions``, in row order: the
+    reason ``parse_event`` gives (its first failed check) or, for an event it accepts
+    whose user belongs to another partition, that partition.
+
+    Stage 1's check of envelopes it did not make (docs/design.md, section 2a): numpy masks
+    over the columns, and Python per distinct user, key and cell key; nothing per event
+    unless some event fails."""
+    if not len(batch):
+        return []
+    failures: list[tuple[np.ndarray, str]] = []  # (rows, reason) of each failed check
+    _user_failures(batch, limits, failures)
+    _key_failures(batch, limits, failures)
+    cells = {attr: np.array(column, dtype=object) for attr, column in batch.cells}
+    for attr in limits.cell_fields:
+        if attr in cells:
+            _cell_key_failures(attr, cells[attr], limits.max_cell_key_length, failures)
+    _rule_failures(batch, limits.value_rules, cells, failures)
+    routed = [partition_for(u, partitions) for u in batch.user_ids]
+    if routed.count(partition) != len(routed):
+        reasons = [
+            None
+            if p == partition
+            else f"user belongs to partition {p} of {partitions}, not {partition}"
+            for p in routed
+        ]
+        _by_user(batch.user, reasons, failures)
+    if not failures:
+        return []
+    first = np.full(len(batch), len(failures), dtype=np.int64)
+    for n, (mask, _) in reversed(list(enumerate(failures))):
+        first[mask] = n  # the earliest failed check wins: parse_event's order
+    rows = np.flatnonzero(first < len(failures))
+    return [
+        (row, failures[n][1]) for row, n in zip(rows.tolist(), first[rows].tolist(), strict=True)
+    ]
+
+
+_Failures = list[tuple[np.ndarray, str]]
+
+
+def _failed(mask: np.ndarray, reason: str, failures: _Failures) -> None:
+    if np.count_nonzero(mask):  # a sixth of ndarray.any()'s cost on small arrays
+        failures.append((mask, reason))
+
+
+def _user_failures(batch: Batch, limits: Limits, failures: _Failures) -> None:
+    """``parse_event``'s checks of the user id (never blank nor too long)."""
+    users, name, longest = batch.user_ids, ".".join(limits.user_id_path), limits.max_user_id_length
+    if max(map(len, users)) <= longest and all(map(str.strip, users)):
+        return
+    reasons = [
+        f"empty {name}" if not u.strip() else f"{name} too long" if len(u) > longest else None
+        for u in users
+    ]
+    _by_user(batch.user, reasons, failures)
+
+
+def _by_user(user: np.ndarray, reasons: list[str | None], failures: _Failures) -> None:
+    """The rows of the users with a reason (``reasons``: per user index), by reason."""
+    by_reason: dict[str, list[int]] = {}
+    for u, reason in enumerate(reasons):
+        if reason is not None:
+            by_reason.setdefault(reason, []).append(u)
+    for reason, which in by_reason.items():
+        _failed(np.isin(user, which), reason, failures)
+
+
+def _key_failures(batch: Batch, limits: Limits, failures: _Failures) -> None:
+    """``parse_event``'s check that some statistic counts the event's key."""
+    if limits.known_keys is None:
+        return
+    _failed(batch.key < 0, "missing key", failures)
+    unknown = [k for k, key in enumerate(batch.keys) if key not in limits.known_keys]
+    if unknown:
+        _failed(np.isin(batch.key, unknown), "unknown statistic key", failures)
+
+
+def _cell_key_failures(attr: str, column: np.ndarray, longest: int, failures: _Failures) -> None:
+    """``parse_event``'s checks of a cell attribute's keys (a string, never blank nor
+    longer than ``longest``); ``column``: the keys, None where an event has none."""
+    distinct = set(column.tolist()) - {None}
+    blank = [c for c in distinct if not c.strip()]
+    long = [c for c in distinct if c.strip() and len(c) > longest]
+    for bad, reason in ((blank, f"empty {attr}"), (long, f"{attr} too long")):
+        if bad:
+            failures.append((np.isin(column, bad), reason))
+
+
+def _rule_failures(
+    batch: Batch, rules: tuple[ValueRule, ...], cells: dict[str, np.ndarray], failures: _Failures
+) -> None:
+    """``_check_values`` of every rule over the events it applies to (by key and op),
+    then the deletions no statistic with deletions counts (``_value_plan``)."""
+    value, delete = batch.value, batch.delete
+    deletes = bool(np.count_nonzero(delete))
+    deletable = np.zeros(len(batch), dtype=bool) if deletes else delete
+    for rule in rules:
+        if not rule.needs_value and not (deletes and rule.deletions):
+            continue  # it checks nothing here
+        if rule.key is None:
+            match = None  # every event
+        elif rule.key in batch.keys:
+            match = batch.key == batch.keys.index(rule.key)
+        else:
+            continue  # no event of the batch has its key
+        if deletes and rule.deletions:
+            deletable = deletable | (True if match is None else match)
+        if not rule.needs_value:
+            continue
+        if deletes and not rule.deletions:
+            applies = ~delete if match is None else match & ~delete
+        else:
+            applies = match
+        _value_failures(rule, value, applies, cells, failures)
+    if deletes:
+        reason = "op delete: no statistic with deletions counts this event"
+        _failed(delete & ~deletable, reason, failures)
+
+
+def _value_failures(
+    rule: ValueRule,
+    value: np.ndarray,
+    applies: np.ndarray | None,
+    cells: dict[str, np.ndarray],
+    failures: _Failures,
+) -> None:
+    """One rule's checks of the values (and cell keys) of the events it applies to
+    (``applies``; None: every event)."""
+
+    def where(mask: np.ndarray) -> np.ndarray:
+        return mask if applies is None else applies & mask
+
+    statistic = rule.statistic
+    if rule.max_value is None:
+        _failed(where(np.isnan(value)), f"missing value (statistic {statistic})", failures)
+    else:
+        bad = where(~((value >= 1) & (value <= rule.max_value) & (value == np.trunc(value))))
+        if np.count_nonzero(bad):  # NaN (no value) is not integral; then integral, out of range
+            reason = f"value is not an integer (statistic {statistic})"
+            _failed(where(value != np.trunc(value)), reason, failures)
+            reason = f"value outside [1, {rule.max_value}] (statistic {statistic})"
+            failures.append((bad, reason))
+    if rule.cell_field is None:
+        return
+    attr = rule.cell_field
+    column = cells.get(attr)
+    absent = np.ones(len(value), dtype=bool) if column is None else column == None  # noqa: E711
+    _failed(where(absent), f"missing {attr} (statistic {statistic})", failures)
+    if column is not None and rule.cell_keys is not None:
+        foreign = set(column.tolist()) - rule.cell_keys - {None}
+        if foreign:
+            reason = f"{attr} not in cells.keys (statistic {statistic})"
+            _failed(where(np.isin(column, list(foreign))), reason, failures)
+
+
+def limits_for(cfg: PipelineConfig) -> Limits:
+    # A statistic without a key filter counts every event, whatever its key.
+    counts_every_key = any(s.key is None for s in cfg.statistics)
+    keys = frozenset(s.key for s in cfg.statistics if s.key is not None)
+    return Limits(
+        max_record_bytes=cfg.input.max_record_bytes,
+        max_user_id_length=cfg.input.max_user_id_length,
+        known_keys=None if counts_every_key else keys,
+        value_rules=tuple(value_rule(s) for s in cfg.statistics),
+        cell_fields=tuple(sorted({s.cells.field for s in cfg.statistics if s.cells})),
+        max_cell_key_length=cfg.input.max_cell_key_length,
+        user_id_path=tuple(cfg.input.user_id_field.split(".")),
+    )

@@ -1,0 +1,158 @@
+"""The command line stops on bad config with the field named, and refuses to run keyless."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
+GOOD = {
+    "privacy": {"total_epsilon": 1.0},
+    "noise": {"mode": "keyed", "key_env": "DPSTREAM_CLI_TEST_KEY"},
+    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 4}],
+}
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )
+
+
+def write(tmp_path: Path, data: dict) -> str:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_check_config_accepts_the_demo_and_prints_the_budget():
+    demo = Path(__file__).resolve().parents[3] / "config" / "demo.yaml"
+    out = run("check-config", str(demo))
+    assert out.returncode == 0, out.stderr
+    assert "tick 1s (released 1.25s after its end)" in out.stdout
+    assert "privacy statement (whole_user neighbours):" in out.stdout
+    assert "events: 1 (whole_user; tree counter, whole infinite stream)" in out.stdout
+    assert (
+        "one user can lose at most 3 over the whole stream (basic composition) of "
+        "total_epsilon=3" in out.stdout
+    )
+
+
+def test_bad_config_stops_with_the_field_named(tmp_path):
+    bad = {**GOOD, "statistics": [{"name": "events", "epsilon": 0, "tau": 4}]}
+    for command in (["check-config"], ["worker", "--bootstrap", "127.0.0.1:1", "--config"]):
+        out = run(*command, write(tmp_path, bad))
+        assert out.returncode == 2
+        assert "statistics[0].epsilon: Input should be greater than 0" in out.stderr
+
+
+def test_worker_refuses_to_start_without_a_noise_key(tmp_path):
+    out = run("worker", "--bootstrap", "127.0.0.1:1", "--config", write(tmp_path, GOOD))
+    assert out.returncode == 2
+    assert "noise.key_env: environment variable DPSTREAM_CLI_TEST_KEY is not set" in out.stderr
+
+
+def test_replay_cli_prints_releases_as_jsonl(tmp_path):
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"user_id": "a"}\n{"user_id": "a"}\n{"tick": 1}\n{"tick": 2}\n')
+    config = write(tmp_path, {**GOOD, "noise": {"mode": "insecure_zero"}})
+    out = run("replay", "--config", config, "--events", str(log))
+    assert out.returncode == 0, out.stderr
+    lines = [yaml.safe_load(line) for line in out.stdout.splitlines()]
+    assert [(r["step"], r["value"]) for r in lines] == [(1, 2), (2, 2)]
+
+
+MEAN = {
+    "name": "latency",
+    "kind": "mean",
+    "epsilon": 1.0,
+    "mean": {"max_samples_per_user": 8},
+}
+GEORGE_MEAN = {**MEAN, "mean": {"max_users": 100, "max_samples_per_user": 8}}
+
+
+def test_check_config_states_public_counts_and_refuses_a_mix(tmp_path):
+    public = {**GOOD, "privacy": {"total_epsilon": 1.0, "public_counts": True}}
+    out = run("check-config", write(tmp_path, {**public, "statistics": [GEORGE_MEAN]}))
+    assert out.returncode == 0, out.stderr
+    assert "privacy statement (public_counts neighbours):" in out.stdout
+    assert "PUBLIC COUNTS: who sent how many events when is NOT protected" in out.stdout
+    assert "continual mean (George et al., Alg. 6)" in out.stdout
+    # A count beside George et al.'s mean: its exact truncated value would be "samples".
+    mixed = {**GOOD, "privacy": {"total_epsilon": 2.0, "public_counts": True}}
+    mixed["statistics"] = [*GOOD["statistics"], GEORGE_MEAN]
+    out = run("check-config", write(tmp_path, mixed))
+    assert out.returncode == 2
+    assert "statistics[0]: 'events' (count) protects whole users" in out.stderr
+    # Its caps on users mean nothing to the whole-user mean: refused, the field named.
+    mixed["privacy"] = {"total_epsilon": 2.0}
+    out = run("check-config", write(tmp_path, mixed))
+    assert out.returncode == 2
+    assert "statistics[1].mean.max_users: applies only with privacy.public_counts" in out.stderr
+
+
+def test_check_config_accepts_the_review_reproduction_with_the_whole_user_mean(tmp_path):
+    # Issue 13 item 3: a count with tau 8 and a default mean with m = 8 over the same
+    # events, one total_epsilon; the mean releases no exact count.
+    pair = {**GOOD, "privacy": {"total_epsilon": 2.0}}
+    pair["statistics"] = [{"name": "events", "epsilon": 1.0, "tau": 8}, MEAN]
+    out = run("check-config", write(tmp_path, pair))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "latency: whole-user mean of values in [0, 1] on 1024 grid units, epsilon=1 (half to "
+        "the noisy count of kept samples, half to their noisy sum), each user's first 8 "
+        "samples; releases no exact count -> dp.latency" in out.stdout
+    )
+    assert "privacy statement (whole_user neighbours):" in out.stdout
+    assert (
+        "latency: 1 (whole_user; whole-user mean: kept-samples counter at 0.5 (sensitivity "
+        "8) + grid-units counter at 0.5 (sensitivity 8192), tree counters over the whole "
+        "infinite stream)" in out.stdout
+    )
+    assert "one user can lose at most 2 over the whole stream (basic composition)" in out.stdout
+    assert "PUBLIC COUNTS" not in out.stdout
+    pair["privacy"] = {"total_epsilon": 2.0, "neighbours": "any_subset"}
+    out = run("check-config", write(tmp_path, pair))
+    assert out.returncode == 0, out.stderr
+    assert "counter at 0.5 (sensitivity 16) + grid-units counter at 0.5 (sensitivity 16384)" in (
+        out.stdout
+    )
+
+
+def test_check_config_states_twice_the_epoch_cap_for_strict_cells_under_any_subset(tmp_path):
+    # Issue 24 item 2: strict cells a and b, epsilon 0.5 per cell, epoch_cap 0.5. Under
+    # any_subset one user can lose 1.0 (2B): check-config printed 0.5 and accepted
+    # total_epsilon 0.5.
+    cells = {"name": "speed", "kind": "cell_mean", "epsilon": 0.5,
+             "cells": {"field": "cell", "keys": ["a", "b"], "mechanism": "noisy_ratio",
+                       "contribution_cap": 1, "lower": 0, "upper": 10, "step": 1,
+                       "slot_ticks": 1, "epoch_slots": 1, "epoch_cap": 0.5}}  # fmt: skip
+    data = {**GOOD, "statistics": [cells]}
+    data["privacy"] = {"total_epsilon": 1.0, "neighbours": "any_subset"}
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "speed: 1 per epoch (any_subset; 2B, epoch cap B = 0.5 over disjoint cells of epsilon "
+        "0.5 each: under any_subset, dropping some of a user's events can admit the user into "
+        "cells it was dropped from at the cap)" in out.stdout
+    )
+    assert (
+        "one user can lose at most 1 per accounting epoch (basic composition) of "
+        "total_epsilon=1" in out.stdout
+    )
+    data["privacy"]["total_epsilon"] = 0.5
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 2
+    assert "privacy.total_epsilon: statistics spend 1 in total (speed 1)" in out.stderr
+    # Whole-user neighbours: removing the user changes only the cells that kept it: B.
+    data["privacy"] = {"total_epsilon": 0.5}
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 0, out.stderr
+    assert "one user can lose at most 0.5 per accounting epoch" in out.stdout

@@ -1,0 +1,70 @@
+"""``dpstream replay`` (pipeline/tools/replay.py): an exported log's header gives the runs, and a
+keyed replay is refused on any log that is not one the pipeline exported with its key."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from dpstream.config.schema import parse_config
+from dpstream.pipeline.stages.stage2_state import StatisticRun
+from dpstream.pipeline.tools.export import LOG_MAC
+from dpstream.pipeline.tools.replay import LogNotVerified, replay, replay_file
+from dpstream.pipeline.worker.keys import PipelineKey
+from dpstream.pipeline.worker.ledger import LOG_HEADER
+from tests.config_builders import production
+
+KEY = PipelineKey.from_key(bytes(range(32)))
+
+
+def exported(lines: list[bytes], key: PipelineKey | None) -> list[bytes]:
+    header = {LOG_HEADER: 1, "app_id": "prod", "runs": {"events": {"run_id": "r1"}}}
+    body = [orjson.dumps(header), *lines]
+    if key is None:
+        return body
+    mac = key.log_mac()
+    for line in body:
+        mac.update(line)
+    return [*body, orjson.dumps({LOG_MAC: mac.hexdigest()})]
+
+
+EVENTS = [orjson.dumps({"user_id": f"u{i % 3}"}) for i in range(7)] + [b'{"tick": 100}']
+
+
+def write(tmp_path, lines: list[bytes]) -> str:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(path)
+
+
+def test_a_keyed_replay_of_the_pipeline_s_own_log_runs_under_its_runs(tmp_path):
+    cfg = parse_config(production())
+    (line,) = replay_file(cfg, write(tmp_path, exported(EVENTS, KEY)), KEY)
+    release = orjson.loads(line)
+    assert release["tick"] == 100 and release["step"] == 1
+    # The header's run: the same release as a replay told the run explicitly.
+    (direct,) = replay(cfg, EVENTS, KEY.noise, runs={"events": StatisticRun("r1", None)})
+    assert release == direct
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        exported(EVENTS, None),  # exported without the key: no trailer
+        exported(EVENTS, KEY)[:1] + EVENTS[1:] + exported(EVENTS, KEY)[-1:],  # an event dropped
+        EVENTS,  # a hand-written log
+    ],
+    ids=["no-trailer", "edited", "hand-written"],
+)
+def test_a_keyed_replay_of_any_other_log_is_refused(tmp_path, lines):
+    cfg = parse_config(production())
+    path = write(tmp_path, lines)
+    with pytest.raises(LogNotVerified, match="as sensitive as the key"):
+        list(replay_file(cfg, path, KEY))
+    assert list(replay_file(cfg, path, KEY, unverified=True))  # explicitly allowed
+
+
+def test_zero_noise_replays_anything(tmp_path):
+    cfg = parse_config(production(noise={"mode": "insecure_zero"}))
+    (line,) = replay_file(cfg, write(tmp_path, EVENTS), PipelineKey.insecure_zero())
+    assert orjson.loads(line)["value"] == 7  # seven events of three users, tau 8
