@@ -177,19 +177,82 @@ _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
 _TLS = ("SSL", "SASL_SSL")
 
 
+class OAuthConfig(_Model):
+    """SASL/OAUTHBEARER tokens from an OpenID Connect provider: the OAuth 2.0 client
+    credentials grant at ``token_endpoint_url`` (what managed clusters such as Confluent
+    Cloud take; docs/security.md). The client secret comes from ``client_secret_env`` or
+    ``client_secret_file``, never from the config.
+    """
+
+    token_endpoint_url: str
+    client_id: str = Field(min_length=1)
+    client_secret_env: str | None = None
+    client_secret_file: Path | None = None
+    scope: str | None = Field(None, min_length=1)
+    # SASL extensions sent with the token (Confluent Cloud: logicalCluster, identityPoolId).
+    extensions: dict[str, str] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secret(cls, data: object) -> object:
+        if isinstance(data, dict) and "client_secret" in data:
+            raise ValueError(
+                "client_secret: secrets are never written in the config; "
+                "use client_secret_env or client_secret_file"
+            )
+        return data
+
+    @field_validator("token_endpoint_url")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        # The client secret goes to this URL: TLS, except to this machine (tests).
+        loopback = re.match(r"^http://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?/", v)
+        if not (v.startswith("https://") or loopback):
+            raise ValueError("must be an https:// URL (http:// only on localhost)")
+        return v
+
+    @field_validator("client_secret_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError("must be the name of an environment variable")
+        return v
+
+    @field_validator("extensions")
+    @classmethod
+    def _extensions(cls, v: dict[str, str]) -> dict[str, str]:
+        # librdkafka takes them as "k1=v1,k2=v2"; RFC 7628 keys are letters only.
+        for key, value in v.items():
+            if not re.fullmatch(r"[A-Za-z]+", key) or key == "auth":
+                raise ValueError(f"{key!r}: an extension key is letters only, not 'auth'")
+            if any(c in value for c in ",=\x01"):
+                raise ValueError(f"{key}: a value may not contain ',', '=' or \\x01")
+        return v
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> OAuthConfig:
+        if (self.client_secret_env is None) == (self.client_secret_file is None):
+            raise ValueError(
+                "client_secret_env: set exactly one of client_secret_env and client_secret_file"
+            )
+        return self
+
+
 class KafkaSecurityConfig(_Model):
     """How every Kafka client connects: Faust (aiokafka), the producer and the consumer
     tools (confluent-kafka). Mapped by ``pipeline/kafka/security.py``; see docs/security.md.
 
     No secret is ever written here: the SASL password comes from the environment variable
-    named by ``password_env`` or from ``password_file``, read when a client is built.
+    named by ``password_env`` or from ``password_file``, read when a client is built; an
+    OAUTHBEARER client secret likewise (``oauth``).
     """
 
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
     username: str | None = Field(None, min_length=1)
     password_env: str | None = None
     password_file: Path | None = None
+    oauth: OAuthConfig | None = None  # with sasl_mechanism OAUTHBEARER
     ssl_cafile: Path | None = None  # None: the system's trusted CAs
     ssl_certfile: Path | None = None  # client certificate (mutual TLS), with ssl_keyfile
     ssl_keyfile: Path | None = None
@@ -219,16 +282,9 @@ class KafkaSecurityConfig(_Model):
     def _consistent(self) -> KafkaSecurityConfig:
         proto = self.security_protocol
         if proto in _SASL:
-            for name in ("sasl_mechanism", "username"):
-                if getattr(self, name) is None:
-                    raise ValueError(f"{name}: required for security_protocol {proto}")
-            if (self.password_env is None) == (self.password_file is None):
-                raise ValueError(
-                    f"password_env: set exactly one of password_env and password_file "
-                    f"for security_protocol {proto}"
-                )
+            self._check_sasl()
         else:
-            for name in ("sasl_mechanism", "username", "password_env", "password_file"):
+            for name in ("sasl_mechanism", "username", "password_env", "password_file", "oauth"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only applies to SASL_PLAINTEXT and SASL_SSL")
         if proto not in _TLS:
@@ -239,11 +295,36 @@ class KafkaSecurityConfig(_Model):
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
             raise ValueError(f"{missing}: ssl_certfile and ssl_keyfile go together")
-        if proto == "SASL_PLAINTEXT" and self.sasl_mechanism == "PLAIN":
-            log.warning("kafka: SASL PLAIN over SASL_PLAINTEXT sends the password unencrypted")
+        if proto == "SASL_PLAINTEXT" and self.sasl_mechanism in ("PLAIN", "OAUTHBEARER"):
+            log.warning(
+                "kafka: SASL %s over SASL_PLAINTEXT sends the %s unencrypted",
+                self.sasl_mechanism,
+                "password" if self.sasl_mechanism == "PLAIN" else "token",
+            )
         if proto in _TLS and not self.ssl_check_hostname:
             log.warning("kafka.ssl_check_hostname is false: the broker's name is not verified")
         return self
+
+    def _check_sasl(self) -> None:
+        proto = self.security_protocol
+        if self.sasl_mechanism is None:
+            raise ValueError(f"sasl_mechanism: required for security_protocol {proto}")
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if self.oauth is None:
+                raise ValueError("oauth: required for sasl_mechanism OAUTHBEARER")
+            for name in ("username", "password_env", "password_file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: OAUTHBEARER takes its token from oauth")
+            return
+        if self.oauth is not None:
+            raise ValueError("oauth: only applies to sasl_mechanism OAUTHBEARER")
+        if self.username is None:
+            raise ValueError(f"username: required for security_protocol {proto}")
+        if (self.password_env is None) == (self.password_file is None):
+            raise ValueError(
+                f"password_env: set exactly one of password_env and password_file "
+                f"for security_protocol {proto}"
+            )
 
 
 class Neighbours(StrEnum):

@@ -40,6 +40,7 @@ from dpstream.config.schema import PipelineConfig
 from dpstream.operators.errors import DpStreamError
 
 from ..kafka.security import confluent_config
+from ..kafka.topics import group_id
 from ..wire.records import (
     ENVELOPE,
     HEADER,
@@ -67,7 +68,7 @@ class _Partition(TypedDict, total=False):
 def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
     return {
         "bootstrap.servers": bootstrap,
-        "group.id": f"{cfg.app_id}-ingest",
+        "group.id": group_id(cfg.app_id, "ingest"),
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         # librdkafka's default (1 s) idles the fetcher after the first fetches.

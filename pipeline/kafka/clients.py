@@ -12,6 +12,7 @@ from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
 from ..wire.records import BATCH, HEADER
 from .security import confluent_config
+from .topics import group_id
 
 
 def make_producer(
@@ -57,11 +58,23 @@ def produce_events(
     return sent
 
 
-def _consumer(bootstrap: str, security: KafkaSecurityConfig | None = None) -> Consumer:
+TOOLS_GROUP = "dpstream-tools"
+"""The group of a reader given none (tests): dpstream's own readers pass the app's,
+:func:`tools_group`, which its ACLs cover. The readers only assign partitions and never
+commit, but librdkafka still finds the group's coordinator, which needs Describe on the
+group."""
+
+
+def tools_group(cfg: PipelineConfig) -> str:
+    """The group of dpstream's own readers of its topics (export-log, ledger, holes)."""
+    return group_id(cfg.app_id, "tools")
+
+
+def _consumer(bootstrap: str, security: KafkaSecurityConfig | None, group: str) -> Consumer:
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": "dpstream-tools",
+            "group.id": group,
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 0,
@@ -93,12 +106,13 @@ def read_topic(
     partitions: int,
     timeout: float = 30.0,
     security: KafkaSecurityConfig | None = None,
+    group: str = TOOLS_GROUP,
 ):
     """Every record of ``topic`` up to its current end, per partition, in offset order.
 
     Returns {partition: [(offset, headers, value, timestamp_ms)]}.
     """
-    consumer = _consumer(bootstrap, security)
+    consumer = _consumer(bootstrap, security, group)
     try:
         starts, ends = {}, {}
         for p in range(partitions):
@@ -128,10 +142,11 @@ def read_range(
     end: int,
     security: KafkaSecurityConfig | None = None,
     timeout: float = 30.0,
+    group: str = TOOLS_GROUP,
 ) -> list[tuple[int, list, bytes | None, int]]:
     """The records of one partition at offsets ``start`` <= offset < ``end`` (fewer where
     the log has none: transaction markers), as [(offset, headers, value, timestamp_ms)]."""
-    consumer = _consumer(bootstrap, security)
+    consumer = _consumer(bootstrap, security, group)
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         out: list[tuple[int, list, bytes | None, int]] = []
@@ -150,14 +165,16 @@ def read_releases(
     bootstrap: str,
     topic: str,
     *,
+    group: str,
     from_beginning: bool = True,
-    group: str | None = None,
     security: KafkaSecurityConfig | None = None,
 ) -> Consumer:
+    """A consumer of ``topic`` (a name, or a ``^`` pattern) in ``group``; dpstream's own are
+    ``<app_id>-...``, which its ACLs cover (``dpstream tail``: ``<app_id>-tail-<statistic>``)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": group or f"dpstream-tail-{topic}",
+            "group.id": group,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

@@ -39,13 +39,21 @@ def resolve_bootstrap(arg: str | None) -> str:
     )
 
 
+PASSWORD_ENV = "DPSTREAM_KAFKA_PASSWORD"  # noqa: S105 - a variable name, not a password
+"""The variable `dpstream broker start --secure` tells users to put the password in."""
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
-    from dpstream.deploy import broker
+    from dpstream.deploy import broker, secure_broker
 
     if args.action == "fetch":
         print(broker.fetch_jars())
+    elif args.action == "start" and args.secure:
+        print(secured_broker_start())
     elif args.action == "start":
         info = broker.start_detached()
+        if secure_broker.is_secure(Path(info["data_dir"])):
+            raise DpStreamError("a secured broker is running: `dpstream broker stop` it first")
         print(f"Kafka broker running at {info['bootstrap']}")
         print(f"  export KAFKA_BOOTSTRAP_SERVERS={info['bootstrap']}")
     elif args.action == "stop":
@@ -58,6 +66,74 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2, default=str).decode())
         return 0 if status.get("alive") else 1
     return 0
+
+
+def secured_broker_start() -> str:
+    """Start (or find) the local secured broker; what a user needs to reach it."""
+    import yaml
+
+    from dpstream.deploy import broker, secure_broker
+
+    def start(timeout: float) -> broker.LocalKafka:
+        return secure_broker.SecureKafka.start(timeout=max(timeout, 90.0)).node
+
+    info = broker.start_detached(start=start)
+    node = broker.running_detached()
+    if node is None or not secure_broker.is_secure(node.data_dir):
+        raise DpStreamError("a plain broker is running: `dpstream broker stop` it first")
+    secured = secure_broker.SecureKafka.found_in(node)
+    users = ", ".join(secure_broker.USERS)
+    sasl = secured.kafka_section(password_env=PASSWORD_ENV)
+    mtls = secured.kafka_section(listener="SSL")
+    return "\n".join(
+        [
+            f"Kafka broker (secured) {'already ' if info['already_running'] else ''}running",
+            f"  SASL_SSL, {secure_broker.MECHANISM}, users {users}: {secured.sasl_bootstrap}",
+            f"  SSL with client certificates (mutual TLS), the same users: {secured.ssl_bootstrap}",
+            "  the users may do nothing until ACLs grant it: dpstream acls --config FILE --apply",
+            "",
+            f"export KAFKA_BOOTSTRAP_SERVERS={secured.sasl_bootstrap}",
+            f'export {PASSWORD_ENV}="$(cat {secured.password_file("dpstream")})"',
+            "",
+            "# the pipeline config's kafka: section (SASL_SSL, user dpstream)",
+            yaml.safe_dump({"kafka": sasl}, sort_keys=False).rstrip(),
+            f"# or over mutual TLS (bootstrap {secured.ssl_bootstrap})",
+            yaml.safe_dump({"kafka": mtls}, sort_keys=False).rstrip(),
+        ]
+    )
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from dpstream.deploy import broker, secure_broker
+
+    from ..kafka.acls import Principals, all_args, script
+
+    cfg = load_config(args.config)
+    principals = Principals(args.worker, args.reader or None, args.producer or None)
+    if not args.apply:
+        print(script(cfg, principals), end="")
+        return 0
+    node = broker.running_detached()
+    if node is None or not secure_broker.is_secure(node.data_dir):
+        raise DpStreamError(
+            "--apply needs the local secured broker: dpstream broker start --secure"
+        )
+    secured = secure_broker.SecureKafka.found_in(node)
+    commands = all_args(cfg, principals)
+    for argv in commands:
+        secured.kafka_acls(argv)
+    print(f"granted {len(commands)} ACL commands on the secured broker {secured.sasl_bootstrap}")
+    return 0
+
+
+def connected(cfg: PipelineConfig, arg: str | None) -> str:
+    """The bootstrap servers (:func:`resolve_bootstrap`), once a connection with the
+    config's ``kafka:`` settings worked: a refused one stops here, naming the setting."""
+    from ..kafka.security import check_connection
+
+    bootstrap = resolve_bootstrap(arg)
+    check_connection(cfg.kafka, bootstrap)
+    return bootstrap
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -91,12 +167,21 @@ def run_worker(
     import faust
 
     from ..ingest.consumer import IngestHandle
-    from ..kafka.topics import changelog_topics, ensure_topics, missing_topics
+    from ..kafka.security import check_connection
+    from ..kafka.topics import (
+        adopt_former_worker_offsets,
+        changelog_topics,
+        ensure_topics,
+        missing_topics,
+        replication,
+    )
     from ..worker.app import create_app
     from ..worker.keys import load_key
     from ..worker.ledger import record_statement
 
     key = load_key(cfg)  # before anything else: no key, no start
+    # A refused password or certificate stops here, with one message naming the setting.
+    brokers = check_connection(cfg.kafka, bootstrap)
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
@@ -105,10 +190,12 @@ def run_worker(
     # state; the statement (and each statistic's run) goes to the ledger.
     plan = record_statement(cfg, bootstrap, key, lost_state=lost)
     ensure_topics(cfg, bootstrap)
+    adopt_former_worker_offsets(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
     try:
-        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs)
+        replicas, _ = replication(brokers)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
         worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
         worker.execute_from_commandline()
     finally:
@@ -123,7 +210,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from ..kafka.topics import ensure_ingest_topics
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
-    cfg, bootstrap = load_config(args.config), resolve_bootstrap(args.bootstrap)
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
     # An ingest configured for another partition count would route users to partitions
     # whose stage 1 does not own them: refused here, before it reads anything.
     ensure_ingest_topics(cfg, bootstrap)
@@ -138,7 +226,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
     from ..ingest.consumer import source_lag
 
     cfg = load_config(args.config)
-    lags = source_lag(cfg, resolve_bootstrap(args.bootstrap))
+    lags = source_lag(cfg, connected(cfg, args.bootstrap))
     for name, row in lags.items():
         print(f"{name}\tcommitted={row['committed']}\tend={row['end']}\tlag={row['lag']}")
     print(f"total lag: {sum(row['lag'] for row in lags.values())}")
@@ -161,8 +249,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from .synthetic import synthetic_events
 
     cfg = load_config(args.config)
-    bootstrap = resolve_bootstrap(args.bootstrap)
-    ensure_topics(cfg, bootstrap)
+    bootstrap = connected(cfg, args.bootstrap)
+    # The source topics only: a producer needs no right on dpstream's own.
+    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
     if args.events:
         events = list(_jsonl(args.events))
     else:
@@ -182,11 +271,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     from ..kafka.clients import read_releases
+    from ..kafka.topics import group_id
 
     cfg = load_config(args.config)
     consumer = read_releases(
-        resolve_bootstrap(args.bootstrap),
+        connected(cfg, args.bootstrap),
         cfg.release_topic(args.statistic),
+        group=group_id(cfg.app_id, f"tail-{args.statistic}"),
         from_beginning=args.from_beginning,
         security=cfg.kafka,
     )
@@ -235,7 +326,7 @@ def cmd_export_log(args: argparse.Namespace) -> int:
         key = None
     out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in export_log(cfg, resolve_bootstrap(args.bootstrap), key):
+        for line in export_log(cfg, connected(cfg, args.bootstrap), key):
             out.write(line + b"\n")
     finally:
         if args.out:
@@ -248,7 +339,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from ..worker.ledger import history_of, plan, read_records, record_statement, runs_of
 
     cfg = load_config(args.config)
-    bootstrap = resolve_bootstrap(args.bootstrap)
+    bootstrap = connected(cfg, args.bootstrap)
     key = load_key(cfg)
     if args.charge_again:
         adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
@@ -297,7 +388,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="local Apache Kafka (KRaft) broker from Kafka's jars")
     p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: SASL_SSL (SCRAM) and mutual TLS listeners, ACLs enforced",
+    )
     p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("acls", help="the Kafka ACLs a pipeline needs, as kafka-acls commands")
+    p.add_argument("--config", required=True, help="pipeline definition (YAML)")
+    p.add_argument("--worker", default="User:dpstream", help="the worker's principal")
+    p.add_argument("--reader", default="User:reader", help="a release reader ('' for none)")
+    p.add_argument("--producer", default="User:producer", help="a source producer ('' for none)")
+    p.add_argument("--apply", action="store_true", help="grant them on the local secured broker")
+    p.set_defaults(func=cmd_acls)
 
     p = sub.add_parser("check-config", help="validate a pipeline definition")
     p.add_argument("file")

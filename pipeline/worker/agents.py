@@ -126,9 +126,10 @@ class HoleReader:
     partition's records with a hole in them around a rebalance, docs/reliability.md): a
     record never processed would be a user's contribution silently lost."""
 
-    def __init__(self, bootstrap: str, security: KafkaSecurityConfig) -> None:
+    def __init__(self, bootstrap: str, security: KafkaSecurityConfig, group: str) -> None:
         self._bootstrap = bootstrap
         self._security = security
+        self._group = group  # the pipeline's tools' group (its ACLs cover it)
 
     async def read(self, topic: str, partition: int, start: int, end: int) -> list[InputRecord]:
         log.warning(
@@ -140,7 +141,16 @@ class HoleReader:
         )
         try:
             found = await asyncio.get_running_loop().run_in_executor(
-                None, read_range, self._bootstrap, topic, partition, start, end, self._security
+                None,
+                read_range,
+                self._bootstrap,
+                topic,
+                partition,
+                start,
+                end,
+                self._security,
+                30.0,
+                self._group,
             )
         except Exception as exc:
             # Going on would lose the hole for good (Faust counts it as processed): stop

@@ -12,6 +12,7 @@ import faust
 from dpstream.config.schema import PipelineConfig
 
 from ..ingest.consumer import IngestHandle
+from ..kafka.clients import tools_group
 from ..kafka.security import faust_credentials
 from ..stages.drivers import Stage1Driver, Stage2Driver
 from ..stages.stage2_state import StatisticRun
@@ -47,14 +48,16 @@ def create_app(
     datadir: Path,
     ingest: IngestHandle | None = None,
     runs: Mapping[str, StatisticRun] | None = None,
+    replicas: int = 1,
 ) -> faust.App:
     """Build the worker's Faust app for one pipeline definition: ``key`` draws the noise
     and signs the ledger entries, ``runs`` are the statistics' runs the ledger states
     (``ledger.record_statement``), ``ingest`` is the worker's own ingest, watched: the
-    worker stops when it does."""
+    worker stops when it does; ``replicas`` is the replication factor of topics Faust
+    would create (``topics.replication``; ``ensure_topics`` created them all)."""
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
-    app = faust_app(cfg, bootstrap, datadir)
+    app = faust_app(cfg, bootstrap, datadir, replicas)
     topics = Topics.of(app, cfg)
     partitions = cfg.input.partitions
     stage1_table = BatchedTable(app, app.Table("stage1", partitions=partitions, key_type=str))
@@ -62,7 +65,8 @@ def create_app(
     stage2_table = app.Table("stage2", partitions=partitions, key_type=str)
     # Faust's recovery of these tables waits for the changelogs without a time limit.
     faust_compat.watch_recovery(app)
-    holes, dead = HoleReader(bootstrap, cfg.kafka), DeadLetters(topics.dead_letters)
+    holes = HoleReader(bootstrap, cfg.kafka, tools_group(cfg))
+    dead = DeadLetters(topics.dead_letters)
     stage1 = Stage1Agent(Stage1Driver(cfg), stage1_table, topics, holes, dead)
     driver2 = Stage2Driver(cfg, key.noise, partitions, runs)
     stage2 = Stage2Agent(cfg, key, driver2, stage2_table, topics, holes, dead)
@@ -81,9 +85,9 @@ def create_app(
     return app
 
 
-def faust_app(cfg: PipelineConfig, bootstrap: str, datadir: Path) -> faust.App:
+def faust_app(cfg: PipelineConfig, bootstrap: str, datadir: Path, replicas: int = 1) -> faust.App:
     """The Faust app's settings: memory stores with changelogs, raw codecs, no web server,
-    the config's Kafka security."""
+    the config's Kafka security, ``replicas`` for what Faust would create."""
     return faust.App(
         cfg.app_id,
         broker=broker_urls(bootstrap, faust_compat.SCHEME),
@@ -91,7 +95,7 @@ def faust_app(cfg: PipelineConfig, bootstrap: str, datadir: Path) -> faust.App:
         datadir=str(datadir),
         web_enabled=False,
         topic_partitions=cfg.input.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replicas,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         producer_linger_ms=5,

@@ -323,3 +323,17 @@ def test_records_fetched_after_the_flow_stopped_are_handed_back_to_aiokafka(tmp_
     faust_consumer.resume_partitions({events})
     assert asyncio.run(thread._fetch_records(aiokafka, {events}, timeout=1.0)) == {}
     assert len(aiokafka.asked) == 1
+
+
+def test_the_workers_consumer_group_is_the_apps_worker_group(tmp_path):
+    """Faust's group id is the app id, which a prefixed ACL on "<app_id>-" does not cover;
+    the worker's is "<app_id>-worker", like every group of dpstream (pipeline/topics.py)."""
+    thread = worker_consumer_thread(tmp_path)
+
+    async def group_of_a_new_consumer() -> str:
+        consumer = thread._create_worker_consumer(thread.transport)
+        await consumer.stop()  # never started: only closes what was made
+        return consumer._group_id  # what aiokafka joins with at start
+
+    assert thread.app.conf.id == "dpstream"
+    assert asyncio.run(group_of_a_new_consumer()) == "dpstream-worker"
