@@ -172,13 +172,13 @@ def memory_section(res: Results) -> str:
             f"An entry: `{c['example_entry']}`."
         )
         lines = [
-            "| statistic | mechanism | ticks | state JSON B | state Python B | tree JSON B |",
+            "| statistic | mechanism | ticks | state JSON B | state Python B | kind's state JSON B |",
             "|---|---|---:|---:|---:|---:|",
         ]
         for t in c["trees"]:
             lines.append(
                 f"| {t['statistic']} | {t['mechanism']} | {t['ticks']:,} | {t['json_bytes']:,} "
-                f"| {t['python_bytes']:,} | {t['tree_json_bytes']:,} |"
+                f"| {t['python_bytes']:,} | {t['state_json_bytes']:,} |"
             )
         title = "Per statistic (stage 2 state, keyed noise, one event per tick):"
         out.append(title + "\n\n" + "\n".join(lines))
