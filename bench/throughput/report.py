@@ -172,7 +172,7 @@ def memory_section(res: Results) -> str:
             f"An entry: `{c['example_entry']}`."
         )
         lines = [
-            "| statistic | mechanism | ticks | state JSON B | state Python B | kind's state JSON B |",
+            "| statistic | mechanism | ticks | state JSON B | state Python B | kind state JSON B |",
             "|---|---|---:|---:|---:|---:|",
         ]
         for t in c["trees"]:
