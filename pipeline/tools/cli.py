@@ -60,6 +60,27 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_registry(args: argparse.Namespace) -> int:
+    from dpstream.deploy import registry
+
+    if args.action == "fetch":
+        print(registry.fetch_registry())
+    elif args.action == "start":
+        info = registry.start_detached()
+        print(f"Schema Registry running at {info['url']}")
+        print(f"  export {registry.URL_ENV}={info['url']}")
+    elif args.action == "stop":
+        print("stopped" if registry.stop_detached() else "no local Schema Registry was running")
+    else:
+        status = registry.status_detached()
+        if not status:
+            print("no local Schema Registry")
+            return 1
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+        return 0 if status["alive"] else 1
+    return 0
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from dpstream.statistics.registry import describe
 
@@ -298,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("broker", help="local Apache Kafka (KRaft) broker from Kafka's jars")
     p.add_argument("action", choices=["start", "stop", "status", "fetch"])
     p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser(
+        "registry", help="local Schema Registry (Apicurio, Confluent's API) from Maven Central"
+    )
+    p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.set_defaults(func=cmd_registry)
 
     p = sub.add_parser("check-config", help="validate a pipeline definition")
     p.add_argument("file")
