@@ -43,6 +43,9 @@ from ..kafka.security import confluent_config
 from ..wire.records import (
     ENVELOPE,
     HEADER,
+    Decode,
+    Limits,
+    RegistryUnavailable,
     limits_for,
 )
 from .route import SourceRecord, from_last_restart, route
@@ -108,6 +111,24 @@ def producer_config(bootstrap: str, cfg: PipelineConfig) -> dict[str, object]:
 
 
 ENVELOPE_HEADERS = [(HEADER, ENVELOPE)]
+# A batch the Schema Registry could not decode is read again after PAUSE_SECONDS, doubled
+# on each consecutive failure up to PAUSE_MAX_SECONDS.
+PAUSE_SECONDS = 1.0
+PAUSE_MAX_SECONDS = 30.0
+
+
+def source_decoder(cfg: PipelineConfig, limits: Limits) -> Decode | None:
+    """The source values' decoder for ``input.format`` (None: JSON, decoded in place)."""
+    registry = cfg.input.schema_registry
+    if cfg.input.format == "json" or registry is None:
+        return None
+    # Imported here: the Schema Registry's clients and codecs are an extra (pyproject.toml)
+    # that a pipeline reading JSON does without.
+    from ..kafka.schema_registry import describe, make_client
+    from ..wire.registry_formats import RegistryDecoder
+
+    log.info("input.format %s, schemas from %s", cfg.input.format, describe(registry))
+    return RegistryDecoder(cfg.input.format, make_client(registry), limits)
 
 
 class _Batch:
@@ -138,6 +159,9 @@ class Ingest:
     def __init__(self, cfg: PipelineConfig, bootstrap: str) -> None:
         self._cfg = cfg
         self._limits = limits_for(cfg)
+        self._decode = source_decoder(cfg, self._limits)
+        self._paused_until = 0.0  # the registry did not answer: no read before then
+        self._pauses = 0  # consecutive pauses: the next one is longer
         self._wait = cfg.input.ingest_wait_ms / 1000
         self._consumer = Consumer(consumer_config(cfg, bootstrap))
         self._producer = Producer(producer_config(bootstrap, cfg))
@@ -170,11 +194,21 @@ class Ingest:
     def step(self, timeout: float) -> int:
         """Read a batch, route it and send it; commit every earlier batch the events
         topic has acknowledged. Returns how many source records the batch held."""
+        wait = self._paused_until - time.monotonic()
+        if wait > 0:
+            self._settle(0)
+            time.sleep(min(wait, timeout))
+            return 0
         records = self._read(timeout)
         if not records:
             self._settle(0)
             return 0
-        routed = route(records, self._limits, self._cfg.input.partitions)
+        try:
+            routed = route(records, self._limits, self._cfg.input.partitions, self._decode)
+        except RegistryUnavailable as exc:
+            self._pause(records, exc)
+            return 0
+        self._pauses = 0
         batch = _Batch(_ends(records), len(routed.envelopes) + len(routed.dead_letters))
         for partition, value in routed.envelopes:
             self._send(self._cfg.events_topic, value, partition, ENVELOPE_HEADERS, batch)
@@ -187,6 +221,34 @@ class Ingest:
         self.events += routed.events
         self.rejected.update(routed.reasons)
         return len(records)
+
+    def _pause(self, records: list[SourceRecord], why: RegistryUnavailable) -> None:
+        """The registry could not give a schema: send nothing of the batch, rewind to its
+        first record of each source partition, and read it again after a backoff
+        (docs/reliability.md, "Schema Registry outage"). The consumer keeps polling
+        meanwhile (``step`` reads nothing until then), so it stays in its group."""
+        first: dict[tuple[str, int], int] = {}
+        for record in records:
+            first.setdefault((record.topic, record.partition), record.offset)
+        for (topic, partition), offset in first.items():
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException:
+                # Revoked meanwhile: its new owner starts at the last commit, which is at
+                # or below this batch (nothing of it was sent or committed).
+                continue
+        self._pauses += 1
+        backoff = min(PAUSE_MAX_SECONDS, PAUSE_SECONDS * 2 ** (self._pauses - 1))
+        self._paused_until = time.monotonic() + backoff
+        registry = self._cfg.input.schema_registry
+        log.warning(
+            "ingest paused for %.0f s, %d source records to read again: %s "
+            "(input.schema_registry.url: %s)",
+            backoff,
+            len(records),
+            why,
+            registry.url if registry else None,
+        )
 
     def _read(self, timeout: float) -> list[SourceRecord]:
         # poll waits for the first record; then the batch fills for at most
