@@ -104,7 +104,8 @@ def fetch_registry(*, quiet: bool = True) -> Path:
         The folder holding the runner jar and ``lib/``.
 
     Raises:
-        RegistryError: ``mvn`` or ``java`` is missing, or Maven failed.
+        BrokerError: ``mvn`` or ``java`` is missing (the broker's check of the tools).
+        RegistryError: Maven failed, or the archive holds no runner jar.
     """
     target = registry_dir()
     if _complete(target):

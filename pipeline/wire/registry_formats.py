@@ -9,7 +9,8 @@ reads: a dict with the schema's field names, nested records as dicts, so the use
 checked exactly as in a JSON event, with the same reasons. It is the step before
 ``parse_event``; nothing after it knows the format.
 
-Values that are not JSON's become what their JSON text would read as (docs/design.md,
+A JSON Schema payload is JSON and is read exactly as JSON. In Avro and Protobuf records,
+values that are not JSON's become what their JSON text would read as (docs/design.md,
 "Schema Registry formats"), on the fields ``parse_event`` reads:
   * an Avro ``decimal`` becomes the nearest float (as the same decimal written in JSON
     would), so ``value: 2.50`` counts as 2.5;
@@ -17,6 +18,8 @@ Values that are not JSON's become what their JSON text would read as (docs/desig
     ``google.protobuf.Timestamp``) becomes its ISO 8601 string: a ``ts``, never a value;
   * a ``uuid`` becomes its canonical string (a user id written as a UUID is the same
     user as the same UUID written as a JSON string);
+  * a null (an Avro union with null, the way a schema says "optional") is an absent
+    field: ``op: null`` is an insert, as an event without ``op`` is in JSON;
   * an enum becomes its symbol; Protobuf's wrappers (``google.protobuf.DoubleValue``...)
     their value; Avro ``long`` and Protobuf ``int64`` stay exact ints; ``bytes`` and
     ``fixed`` stay bytes, which no rule accepts (a user id must be a string);
@@ -133,10 +136,12 @@ class RegistryDecoder:
             self._deserialize = JSONDeserializer(None, schema_registry_client=client, conf=conf)
         else:
             self._deserialize = self._protobuf
-        self._paths = tuple(
-            (limits.user_id_path, ("key",), ("value",), ("ts",), ("op",))
-            + tuple((name,) for name in limits.cell_fields)
-        )
+        # JSON Schema payloads are JSON: read exactly as JSON is. Avro and Protobuf records
+        # have every field of their schema: the fields parse_event reads are made plain.
+        self._paths: tuple[tuple[str, ...], ...] = ()
+        if fmt != "json_schema":
+            self._paths = (limits.user_id_path, ("key",), ("value",), ("ts",), ("op",))
+            self._paths += tuple((name,) for name in limits.cell_fields)
 
     def __call__(self, value: bytes) -> dict[str, Any]:
         if len(value) < FRAMING_BYTES:
@@ -262,9 +267,13 @@ def _plain_leaf(record: dict[str, Any], path: tuple[str, ...]) -> None:
     if type(parent) is not dict:
         return
     leaf = parent.get(path[-1])
-    if type(leaf) in _PLAIN:
+    if leaf is None:
+        # An Avro union with null says "optional": its null is an absent field (in JSON a
+        # present null op is refused; here every field of the schema is present).
+        parent.pop(path[-1], None)
+    elif type(leaf) in _PLAIN:
         return
-    if isinstance(leaf, Decimal):
+    elif isinstance(leaf, Decimal):
         parent[path[-1]] = float(leaf)
     elif isinstance(leaf, datetime.date | datetime.time):  # datetime is a date
         parent[path[-1]] = leaf.isoformat()
