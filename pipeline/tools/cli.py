@@ -188,17 +188,38 @@ def cmd_produce(args: argparse.Namespace) -> int:
         events = list(_jsonl(args.events))
     else:
         events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
+    serialize = _serializer(args, cfg, events)
     producer = make_producer(bootstrap, cfg.kafka)
     chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
     sent = 0
     start = time.monotonic()
     for i in range(0, len(events), chunk):
-        sent += produce_events(producer, cfg, events[i : i + chunk], batch=args.batch)
+        sent += produce_events(
+            producer, cfg, events[i : i + chunk], batch=args.batch, serialize=serialize
+        )
         if args.rate:
             time.sleep(max(0.0, start + sent / args.rate - time.monotonic()))
     producer.flush(30)
-    print(f"produced {sent} events to {cfg.input.topics[0]}")
+    fmt = args.format or cfg.input.format
+    print(f"produced {sent} events to {cfg.input.topics[0]} ({fmt})")
     return 0
+
+
+def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict]):
+    """The record value of an event for ``--format`` (default: the config's
+    ``input.format``)."""
+    fmt = args.format or cfg.input.format
+    if fmt == "json":
+        if args.schema:
+            raise ConfigError("--schema: only applies to --format avro")
+        return orjson.dumps
+    if fmt != "avro":
+        raise ConfigError(f"--format: produce writes json or avro, not {fmt}")
+    if args.batch > 1:
+        raise ConfigError("--batch: batch envelopes are JSON only")
+    from .avro_events import avro_serializer
+
+    return avro_serializer(cfg, events, Path(args.schema) if args.schema else None)
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -355,6 +376,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=0, help="events per second (0: as fast as possible)"
     )
     p.add_argument("--batch", type=int, default=1, help="events per batch envelope (1: none)")
+    p.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        help="record values in JSON or Avro through input.schema_registry "
+        "(default: the config's input.format)",
+    )
+    p.add_argument(
+        "--schema", help="Avro schema file (.avsc; default: made from the events' fields)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_produce)
 
