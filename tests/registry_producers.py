@@ -11,6 +11,7 @@ backward-compatible evolution of ``AVRO_V1`` (one more optional field).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import orjson
@@ -67,6 +68,7 @@ _STRING, _DOUBLE, _MESSAGE, _ENUM = 9, 1, 11, 14
 _OPTIONAL = 1  # LABEL_OPTIONAL; proto3 ``optional`` adds a synthetic oneof
 
 
+@functools.cache
 def protobuf_classes() -> dict[str, type]:
     """Message classes of a .proto a shop would write, built from its descriptor (no
     protoc here)::
@@ -136,21 +138,37 @@ def protobuf_classes() -> dict[str, type]:
     }
 
 
+def value_serializer(
+    fmt: str, client: SchemaRegistryClient, avro_schema: str = AVRO_V1
+) -> Callable[[object, SerializationContext], bytes]:
+    """The format's serializer, as a producer configures it (``value.serializer`` of a
+    SerializingProducer): its schema registered under ``<topic>-value`` (TopicNameStrategy)."""
+    if fmt == "avro":
+        return AvroSerializer(client, avro_schema)
+    if fmt == "json_schema":
+        return JSONSerializer(JSON_SCHEMA, client)
+    event_class = protobuf_classes()["Event"]
+    return ProtobufSerializer(event_class, client, {"use.deprecated.format": False})
+
+
+def as_record(fmt: str, event: dict) -> object:
+    """An event as the format's serializer takes it: a dict with every field of the Avro
+    schema, a Protobuf message, a dict for JSON Schema."""
+    if fmt == "avro":
+        return full(event)
+    if fmt == "protobuf":
+        return protobuf_classes()["Event"](**event)
+    return event
+
+
 def serializer(
     fmt: str, client: SchemaRegistryClient, topic: str, avro_schema: str = AVRO_V1
 ) -> Callable[[dict], bytes]:
     """event dict -> the record value a producer with that format's serializer writes to
-    ``topic`` (its schema registered under ``<topic>-value``, TopicNameStrategy)."""
+    ``topic``."""
+    write = value_serializer(fmt, client, avro_schema)
     ctx = SerializationContext(topic, MessageField.VALUE)
-    if fmt == "avro":
-        avro = AvroSerializer(client, avro_schema)
-        return lambda event: avro(event, ctx)
-    if fmt == "json_schema":
-        json = JSONSerializer(JSON_SCHEMA, client)
-        return lambda event: json(event, ctx)
-    event_class = protobuf_classes()["Event"]
-    protobuf = ProtobufSerializer(event_class, client, {"use.deprecated.format": False})
-    return lambda event: protobuf(event_class(**event), ctx)
+    return lambda event: write(as_record(fmt, event), ctx)
 
 
 def full(event: dict) -> dict:

@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -43,12 +43,14 @@ from ..kafka.security import confluent_config
 from ..wire.records import (
     ENVELOPE,
     HEADER,
-    Decode,
     Limits,
     RegistryUnavailable,
     limits_for,
 )
 from .route import SourceRecord, from_last_restart, route
+
+if TYPE_CHECKING:
+    from ..wire.registry_formats import RegistryDecoder
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,7 @@ PAUSE_SECONDS = 1.0
 PAUSE_MAX_SECONDS = 30.0
 
 
-def source_decoder(cfg: PipelineConfig, limits: Limits) -> Decode | None:
+def source_decoder(cfg: PipelineConfig, limits: Limits) -> RegistryDecoder | None:
     """The source values' decoder for ``input.format`` (None: JSON, decoded in place)."""
     registry = cfg.input.schema_registry
     if cfg.input.format == "json" or registry is None:
@@ -345,6 +347,8 @@ class Ingest:
             self._settle(0)
         self._consumer.close()
         self._producer.flush(5.0)
+        if self._decode is not None:
+            self._decode.close()
 
 
 def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> dict[str, dict]:

@@ -166,6 +166,10 @@ class RegistryDecoder:
             _plain_leaf(record, path)
         return record
 
+    def close(self) -> None:
+        """Close the registry client's connections."""
+        self._client.close()
+
     # ------------------------------------------------------------------ schemas
 
     def _fetch(self, schema_id: int) -> None:

@@ -27,7 +27,7 @@ from dpstream.pipeline.wire.records import (
 )
 from dpstream.pipeline.wire.registry_formats import RegistryDecoder
 from dpstream.statistics.events import Event
-from tests.registry_producers import full, serializer
+from tests.registry_producers import serializer
 
 CFG = parse_config(
     {
@@ -216,7 +216,7 @@ def test_records_across_a_rebalance_route_to_envelopes_in_source_order():
 def test_records_in_a_registry_format_are_routed_and_their_dead_letters_keep_the_bytes():
     registry = SchemaRegistryClient.new_client({"url": "mock://route"})
     write = serializer("avro", registry, "src")
-    good = write(full({"user_id": "u1", "key": "view"}))
+    good = write({"user_id": "u1", "key": "view"})
     unknown = good[:1] + (77).to_bytes(4, "big") + good[5:]
     records = [
         record(4, good, partition=1),

@@ -30,7 +30,6 @@ from tests.registry_producers import (
     AVRO_V2,
     FORMATS,
     JSON_SCHEMA,
-    full,
     protobuf_classes,
     serializer,
 )
@@ -84,7 +83,7 @@ def test_each_format_reads_as_json_does(fmt):
     write = serializer(fmt, registry, TOPIC)
     decoder = RegistryDecoder(fmt, registry, LIMITS)
     events = EVENTS if fmt != "json_schema" else EVENTS[:-1]  # its serializer refuses "upsert"
-    got = [outcome(write(full(e) if fmt == "avro" else e), decoder) for e in events]
+    got = [outcome(write(e), decoder) for e in events]
     want = [outcome(orjson.dumps(e)) for e in events]
     assert got == want
     # The worked example: what is accepted, and why the rest is not.
@@ -238,8 +237,8 @@ def test_a_new_schema_version_mid_stream_is_read_with_its_own_schema(fmt):
     if fmt == "avro":
         old = serializer("avro", registry, TOPIC, AVRO_V1)
         new = serializer("avro", registry, TOPIC, AVRO_V2)
-        first = old(full({"user_id": "a", "key": "view"}))
-        second = new(full({"user_id": "b", "key": "view", "region": "eu"}))
+        first = old({"user_id": "a", "key": "view"})
+        second = new({"user_id": "b", "key": "view", "region": "eu"})
     else:
         first = serializer("json_schema", registry, TOPIC)({"user_id": "a", "key": "view"})
         v2 = {**orjson.loads(JSON_SCHEMA), "properties": {"region": {"type": "string"}}}
@@ -275,9 +274,7 @@ class CountingRegistry:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_hostile_records_are_refused_with_their_reason(fmt):
     registry = CountingRegistry()
-    good = serializer(fmt, registry.inner, TOPIC)(
-        full({"user_id": "u", "key": "view"}) if fmt == "avro" else {"user_id": "u", "key": "view"}
-    )
+    good = serializer(fmt, registry.inner, TOPIC)({"user_id": "u", "key": "view"})
     decoder = RegistryDecoder(fmt, registry, LIMITS)  # type: ignore[arg-type]
     assert len(outcome(good, decoder)) == 1
     name = {"avro": "Avro", "protobuf": "Protobuf", "json_schema": "JSON Schema"}[fmt]
@@ -303,7 +300,7 @@ def test_hostile_records_are_refused_with_their_reason(fmt):
 
 def test_avro_truncated_payload_does_not_decode():
     registry = client()
-    value = serializer("avro", registry, TOPIC)(full({"user_id": "somebody", "key": "view"}))
+    value = serializer("avro", registry, TOPIC)({"user_id": "somebody", "key": "view"})
     decoder = RegistryDecoder("avro", registry, LIMITS)
     assert outcome(value[:8], decoder) == "payload does not decode with its Avro schema"
 
@@ -314,9 +311,7 @@ def test_avro_truncated_payload_does_not_decode():
 def test_a_schema_of_another_format_is_refused(fmt, other):
     registry = client()
     value = serializer(other, registry, TOPIC)(
-        full({"user_id": "u", "key": "view"})
-        if other == "avro"
-        else {"user_id": "u", "key": "view"}
+        {"user_id": "u", "key": "view"} if other == "avro" else {"user_id": "u", "key": "view"}
     )
     name = {"avro": "Avro", "protobuf": "Protobuf", "json_schema": "JSON Schema"}[fmt]
     assert outcome(value, RegistryDecoder(fmt, registry, LIMITS)) == f"schema is not {name}"
@@ -333,7 +328,7 @@ def test_a_schema_of_another_format_is_refused(fmt, other):
 )
 def test_a_registry_that_does_not_give_the_schema_is_not_the_records_fault(failure):
     registry = CountingRegistry()
-    value = serializer("avro", registry.inner, TOPIC)(full({"user_id": "u", "key": "view"}))
+    value = serializer("avro", registry.inner, TOPIC)({"user_id": "u", "key": "view"})
     decoder = RegistryDecoder("avro", registry, LIMITS)  # type: ignore[arg-type]
     registry.failure = failure
     with pytest.raises(RegistryUnavailable, match="the Schema Registry did not give a schema"):
@@ -344,7 +339,7 @@ def test_a_registry_that_does_not_give_the_schema_is_not_the_records_fault(failu
 
 def test_the_remembered_unknown_ids_are_bounded():
     registry = client()
-    value = serializer("avro", registry, TOPIC)(full({"user_id": "u", "key": "view"}))
+    value = serializer("avro", registry, TOPIC)({"user_id": "u", "key": "view"})
     decoder = RegistryDecoder("avro", registry, LIMITS)
     for schema_id in range(100, 100 + MAX_REFUSED_IDS + 1):
         assert outcome(value[:1] + schema_id.to_bytes(4, "big") + value[5:], decoder) == (
@@ -355,7 +350,7 @@ def test_the_remembered_unknown_ids_are_bounded():
 
 def test_a_dpstream_batch_header_is_json_only():
     registry = client()
-    value = serializer("avro", registry, TOPIC)(full({"user_id": "u", "key": "view"}))
+    value = serializer("avro", registry, TOPIC)({"user_id": "u", "key": "view"})
     with pytest.raises(BadRecord, match="dpstream header on a record not in JSON"):
         decode_events(value, b"batch", LIMITS, RegistryDecoder("avro", registry, LIMITS))
 
