@@ -46,25 +46,32 @@ the deserializer), so a producer that moves to a new compatible version mid-stre
 from its first record on, without a restart: the new id is fetched when first seen, and
 every record is decoded with its own writer schema.
 
-Avro and JSON Schema are decoded by confluent-kafka's ``AvroDeserializer`` and
-``JSONDeserializer`` (the JSON payload is checked against its writer schema, as their
-default is). Protobuf is decoded here, from the writer schema the registry gives:
-confluent-kafka's ``ProtobufDeserializer`` parses into a message class compiled from the
-reader's ``.proto``, which dpstream does not have and should not need.
+The registry is asked through confluent-kafka's ``SchemaRegistryClient`` (its cache, its
+retries). JSON Schema payloads are decoded by its ``JSONDeserializer`` (checked against
+their writer schema, as its default is). Avro payloads are read by fastavro with the
+writer schema parsed once per id, which is what ``AvroDeserializer`` does without a
+subject (no rules, no migrations, the writer schema as the reader's) less its per-record
+plumbing: 4.5 µs per event instead of 9.0 (a test pins the two to the same records).
+Protobuf is decoded from the writer schema the registry gives: confluent-kafka's
+``ProtobufDeserializer`` parses into a message class compiled from the reader's
+``.proto``, which dpstream does not have and should not need.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import io
+import json
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
-from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+from fastavro import parse_schema, schemaless_reader
+from fastavro.schema import SchemaParseException, UnknownType
 from google.protobuf import (
     any_pb2,
     descriptor,
@@ -128,11 +135,12 @@ class RegistryDecoder:
         self._ready: set[int] = set()  # ids fetched, of the right format, references too
         self._refused: dict[int, str] = {}  # id -> why its records are dead-lettered
         self._files: dict[int, descriptor.FileDescriptor] = {}  # protobuf: id -> its file
-        conf = {"subject.name.strategy": _no_subject}
+        self._avro: dict[int, Any] = {}  # avro: id -> its parsed writer schema
         self._deserialize: Callable[[bytes], object]
         if fmt == "avro":
-            self._deserialize = AvroDeserializer(client, conf=conf)
+            self._deserialize = self._avro_record
         elif fmt == "json_schema":
+            conf = {"subject.name.strategy": _no_subject}
             self._deserialize = JSONDeserializer(None, schema_registry_client=client, conf=conf)
         else:
             self._deserialize = self._protobuf
@@ -183,9 +191,12 @@ class RegistryDecoder:
             schema = self._client.get_schema(schema_id, fmt=fmt)
             if schema.schema_type not in SCHEMA_TYPES[self.format]:
                 raise BadRecord(f"schema is not {FORMAT_NAMES[self.format]}")
-            files = self._references(schema, fmt, set())
+            references = self._references(schema, fmt, set())
             if self.format == "protobuf":
+                files = [_file_proto(ref, name) for name, ref in references]
                 self._files[schema_id] = _protobuf_file(schema, files)
+            elif self.format == "avro":
+                self._avro[schema_id] = _avro_schema(schema, references)
         except BadRecord as exc:
             self._refuse(schema_id, exc.reason)
             raise
@@ -200,10 +211,10 @@ class RegistryDecoder:
 
     def _references(
         self, schema: Schema, fmt: str | None, seen: set[str]
-    ) -> list[descriptor_pb2.FileDescriptorProto]:
-        """Fetch the schemas ``schema`` references, depth first (the client caches them for
-        the deserializers); for Protobuf, their files, dependencies first."""
-        files: list[descriptor_pb2.FileDescriptorProto] = []
+    ) -> list[tuple[str, Schema]]:
+        """The schemas ``schema`` references, by the names it references them by,
+        dependencies first (depth first; the client caches them for the deserializers)."""
+        found: list[tuple[str, Schema]] = []
         for ref in schema.references or []:
             if ref.name is None or ref.subject is None or ref.version is None:
                 raise BadRecord("schema reference without a name, subject or version")
@@ -216,15 +227,22 @@ class RegistryDecoder:
                 if _not_found(exc):
                     raise BadRecord("schema reference not in the registry") from None
                 raise
-            files += self._references(registered.schema, fmt, seen)
-            if self.format == "protobuf":
-                files.append(_file_proto(registered.schema, ref.name))
-        return files
+            found += self._references(registered.schema, fmt, seen)
+            found.append((ref.name, registered.schema))
+        return found
 
     def _refuse(self, schema_id: int, reason: str) -> None:
         if len(self._refused) >= MAX_REFUSED_IDS:
             self._refused.clear()
         self._refused[schema_id] = reason
+
+    # ------------------------------------------------------------------ avro
+
+    def _avro_record(self, value: bytes) -> object:
+        # What AvroDeserializer does without a subject (the module docstring), without its
+        # per-record plumbing (docs/design.md, "Schema Registry formats").
+        schema_id = int.from_bytes(value[1:FRAMING_BYTES], "big")
+        return schemaless_reader(io.BytesIO(value[FRAMING_BYTES:]), self._avro[schema_id], None)
 
     # ------------------------------------------------------------------ protobuf
 
@@ -283,6 +301,17 @@ def _plain_leaf(record: dict[str, Any], path: tuple[str, ...]) -> None:
         parent[path[-1]] = leaf.isoformat()
     elif isinstance(leaf, uuid.UUID):
         parent[path[-1]] = str(leaf)
+
+
+def _avro_schema(schema: Schema, references: list[tuple[str, Schema]]) -> Any:
+    """The writer schema parsed by fastavro, its references' named types first."""
+    named: dict[str, Any] = {}
+    try:
+        for _, ref in references:
+            parse_schema(json.loads(ref.schema_str or ""), named_schemas=named)
+        return parse_schema(json.loads(schema.schema_str or ""), named_schemas=named)
+    except (ValueError, TypeError, KeyError, SchemaParseException, UnknownType):
+        raise BadRecord("schema does not parse as Avro") from None
 
 
 # ---------------------------------------------------------------------- protobuf

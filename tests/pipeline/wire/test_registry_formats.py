@@ -12,8 +12,13 @@ import uuid
 
 import orjson
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry import (
+    Schema,
+    SchemaReference,
+    SchemaRegistryClient,
+    SchemaRegistryError,
+)
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -152,6 +157,57 @@ def test_avro_values_that_are_not_json_map_as_their_json_text_would():
         {"user_id": user, "key": "buy", "value": decimal.Decimal("2.50"), "ts": at}, CTX
     )
     assert outcome(fraction, decoder) == "value is not an integer (statistic spend)"
+
+
+def test_avro_records_read_as_confluent_kafkas_avro_deserializer_reads_them():
+    # The decoder reads Avro with fastavro and the writer schema, as AvroDeserializer does
+    # without a subject: the same records, logical types, unions and references included.
+    registry = client()
+    money = orjson.dumps(
+        {
+            "type": "record",
+            "name": "Money",
+            "namespace": "shop",
+            "fields": [
+                {"name": "cents", "type": "long"},
+                {"name": "tags", "type": {"type": "map", "values": "string"}},
+            ],
+        }
+    ).decode()
+    registry.register_schema("money", Schema(money, "AVRO"))
+    order = orjson.dumps(
+        {
+            "type": "record",
+            "name": "Order",
+            "namespace": "shop",
+            "fields": [
+                {"name": "user_id", "type": "string"},
+                {"name": "price", "type": ["null", "shop.Money"], "default": None},
+                {"name": "items", "type": {"type": "array", "items": "int"}},
+            ],
+        }
+    ).decode()
+    with_ref = Schema(order, "AVRO", [SchemaReference("shop.Money", "money", 1)])
+    values = [
+        AvroSerializer(registry, with_ref, conf={"auto.register.schemas": True})(
+            {"user_id": "u", "price": {"cents": 250, "tags": {"a": "b"}}, "items": [1, 2]}, CTX
+        ),
+        AvroSerializer(registry, AVRO_TYPES)(
+            {
+                "user_id": uuid.UUID(int=7),
+                "key": "view",
+                "value": decimal.Decimal("1.25"),
+                "ts": datetime.datetime(2026, 5, 6, tzinfo=UTC),
+            },
+            CTX,
+        ),
+        serializer("avro", registry, TOPIC, AVRO_V2)({"user_id": "v", "region": "eu"}),
+    ]
+    decoder = RegistryDecoder("avro", registry, LIMITS)
+    confluent = AvroDeserializer(registry)
+    for value in values:
+        decoder(value)  # fetches the schema
+        assert decoder._deserialize(value) == confluent(value, None)
 
 
 def test_avro_bytes_and_timestamps_are_no_user_id_and_no_value():
