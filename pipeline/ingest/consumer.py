@@ -5,11 +5,14 @@ The source topics are someone else's: the ingest reads them in a consumer group
 (``<app_id>-ingest``) with confluent-kafka, needs only Read and Describe on them, and
 never writes to them or changes their settings. Any producer, partitioner, partition
 count or key (or none) works: the user id is a field of the value
-(``input.user_id_field``). Each event is validated (``records.parse_event``, the rules and
-reasons of every other path); a bad one goes to the dead-letter topic with its source
-topic, partition, offset and index. The good ones go to the events topic, to the partition
-murmur2 picks for their user (stage 1 keeps each user's contribution bound in one place),
-as columnar envelopes (``records.encode_envelope``) that keep each event's source position.
+(``input.user_id_field``), in JSON or, with ``input.format``, in a Schema Registry's
+Avro, Protobuf or JSON Schema (``wire/registry_formats.py``; a registry that does not
+answer pauses the ingest, ``Ingest._pause``). Each event is validated
+(``records.parse_event``, the rules and reasons of every other path); a bad one goes to
+the dead-letter topic with its source topic, partition, offset and index. The good ones
+go to the events topic, to the partition murmur2 picks for their user (stage 1 keeps each
+user's contribution bound in one place), as columnar envelopes
+(``records.encode_envelope``) that keep each event's source position.
 
 Exactly once without transactions (docs/design.md, "Exactly once from the source"): the
 ingest commits a source offset only after the broker has acknowledged every envelope and

@@ -9,7 +9,10 @@ A source record (the user's topic, read by the ingest, ``ingest.py``) is one of:
     ``input.user_id_field`` (a dotted path for a nested field); its key, partition and
     producer do not matter;
   * a batch envelope (header ``dpstream: batch``): a JSON array of such events (our
-    producer's), each event positioned by (record offset, index in the array).
+    producer's), each event positioned by (record offset, index in the array);
+  * with ``input.format`` avro, protobuf or json_schema: one event in a Schema Registry's
+    wire format, decoded into the same object by ``registry_formats`` (``Decode``) and
+    read by the same rules.
 
 dpstream's events topic (written by the ingest and the clock only) holds
   * envelopes (header ``dpstream: envelope``): the validated events of one source
