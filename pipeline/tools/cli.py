@@ -322,7 +322,13 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(duration=args.duration, users=args.users, rate=args.rate, out=Path(args.out))
+    return run_demo(
+        duration=args.duration,
+        users=args.users,
+        rate=args.rate,
+        out=Path(args.out),
+        fmt=args.format,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,6 +431,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=int, default=2000)
     p.add_argument("--rate", type=float, default=300.0, help="events per second")
     p.add_argument("--out", default="demo-out", help="folder for the plot and logs")
+    p.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        default="json",
+        help="avro: produce through a local Schema Registry (Apicurio, from Maven Central)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 
