@@ -88,7 +88,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     statement = cfg.privacy_statement()
     print(f"{args.file}: OK")
     print(
-        f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
+        f"  source {', '.join(cfg.input.topics)} ({_format_line(cfg)}, "
+        f"user id: {cfg.input.user_id_field}), "
         f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
         f"tick {cfg.ticks.interval_seconds:g}s (released {cfg.ticks.release_delay:g}s after its "
         f"end), noise {cfg.noise.mode.value}"
@@ -98,6 +99,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for line in statement.describe():
         print(f"  {line}")
     return 0
+
+
+def _format_line(cfg: PipelineConfig) -> str:
+    registry = cfg.input.schema_registry
+    if registry is None:
+        return cfg.input.format
+    return f"{cfg.input.format}, schemas from {registry.url}"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -183,12 +191,12 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     bootstrap = resolve_bootstrap(args.bootstrap)
-    ensure_topics(cfg, bootstrap)
     if args.events:
         events = list(_jsonl(args.events))
     else:
         events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
-    serialize = _serializer(args, cfg, events)
+    serialize = _serializer(args, cfg, events)  # a wrong flag stops before Kafka is asked
+    ensure_topics(cfg, bootstrap)
     producer = make_producer(bootstrap, cfg.kafka)
     chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
     sent = 0
