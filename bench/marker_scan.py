@@ -34,7 +34,7 @@ import orjson
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.pipeline.stages.drivers import Stage1Driver
 from dpstream.pipeline.stages.stage1_state import (
-    PartitionState,
+    PartitionEntry,
     UserEntry,
     new_partition_state,
 )
@@ -86,14 +86,14 @@ class Run:
     def __init__(self, cfg: PipelineConfig) -> None:
         self.driver = Stage1Driver(cfg)
         self.users: dict[str, UserEntry] = {}
-        self.pstates: list[PartitionState] = [new_partition_state() for _ in range(PARTITIONS)]
+        self.pstates: list[PartitionEntry] = [new_partition_state() for _ in range(PARTITIONS)]
         self.offset = 0
 
     def events(self, events: list[Event]) -> None:
         self.offset += 1
         for p, pstate in enumerate(self.pstates):
             mine = [e for e in events if partition_for(e.user_id, PARTITIONS) == p]
-            self.driver.on_events(pstate, self.users, p, self.offset, mine, [])
+            self.driver.stage1.add_events(pstate, self.users, mine, self.offset, p)
             self.driver.done(pstate, self.offset)
 
     def marker(self, tick: int, timed: list[float] | None = None) -> None:

@@ -12,18 +12,20 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dpstream.operators.errors import DpStreamError
-
-if TYPE_CHECKING:
-    from dpstream.operators.accounting import PrivacyStatement, StatisticTerms
-    from dpstream.operators.cells.cell_accountant import CellAccountantSpec
-    from dpstream.operators.cells.cell_mean import CellMeanSpec
+from dpstream.operators import accounting
+from dpstream.operators.accounting import PrivacyStatement, StatementError, StatisticTerms
+from dpstream.operators.accounting.accountant import Form
+from dpstream.operators.cells import cell_accountant, cell_mean
+from dpstream.operators.cells.cell_accountant import CellAccountantSpec
+from dpstream.operators.cells.cell_mean import CellMeanSpec
+from dpstream.operators.errors import DpStreamError, InvalidOperatorConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +53,114 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+
+
+def _env_name(v: str | None) -> str | None:
+    if v is not None and not _ENV_NAME.match(v):
+        raise ValueError("must be the name of an environment variable")
+    return v
+
+
+def _no_inline_secret(data: object, names: tuple[str, ...], remedy: str) -> object:
+    # Checked before anything else, and the message never repeats the value.
+    if isinstance(data, dict):
+        for name in names:
+            if name in data:
+                raise ValueError(f"{name}: secrets are never written in the config; use {remedy}")
+    return data
+
+
+class SchemaRegistryConfig(_Model):
+    """The Schema Registry the source records' schemas come from (``input.format`` avro,
+    protobuf or json_schema): any registry that serves Confluent's API, Confluent's own or
+    Apicurio's ``/apis/ccompat/v7``. Mapped by ``pipeline/kafka/schema_registry.py``; see
+    docs/security.md.
+
+    ``url``: http(s), without credentials in it. Basic auth: ``username`` with the password
+    from the environment variable ``password_env`` or the file ``password_file``, read when
+    the client is built, never written here. TLS (an https URL): ``ssl_cafile`` (else the
+    system's CAs), ``ssl_certfile``/``ssl_keyfile`` for a client certificate.
+    """
+
+    url: str
+    username: str | None = Field(None, min_length=1)
+    password_env: str | None = None
+    password_file: Path | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: object) -> object:
+        names = ("password", "basic_auth_user_info", "ssl_key_password")
+        return _no_inline_secret(data, names, "password_env or password_file")
+
+    _password_env = field_validator("password_env")(_env_name)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        if parts.username is not None or parts.password is not None:
+            # The message never repeats the URL: it holds a secret.
+            raise ValueError(
+                "credentials are never written in the URL; use username with password_env "
+                "or password_file"
+            )
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchemaRegistryConfig:
+        if self.username is not None and (self.password_env is None) == (
+            self.password_file is None
+        ):
+            raise ValueError(
+                "password_env: set exactly one of password_env and password_file with username"
+            )
+        if self.username is None:
+            for name in ("password_env", "password_file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only applies with username (basic auth)")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
+            raise ValueError(f"{missing}: ssl_certfile and ssl_keyfile go together")
+        if not self.url.startswith("https://"):
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only applies to an https:// url")
+            if self.username is not None:
+                log.warning(
+                    "input.schema_registry: basic auth over http sends the password unencrypted"
+                )
+        return self
+
+
+InputFormat = Literal["json", "avro", "protobuf", "json_schema"]
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+
+
 class InputConfig(_Model):
     """Where events come from, and how stage 1 is split.
 
     ``topics``: the source topics, the users' own: the ingest reads them in a consumer
     group and never writes to them or changes their settings; any partition count, any
-    producer, any record key. ``user_id_field``: where an event's user id is, a dotted
-    path for a nested field (``actor.id``). ``partitions``: the partitions of dpstream's
-    own events topic (``<app_id>-events``), stage 1's parallelism.
+    producer, any record key. ``format``: how their values are written: JSON (the
+    default), or Avro, Protobuf or JSON Schema in a Schema Registry's wire format (a zero
+    byte, the schema id, the payload), with ``schema_registry`` saying where the schemas
+    are. ``user_id_field``: where an event's user id is, a dotted path for a nested field
+    (``actor.id``), in any format. ``partitions``: the partitions of dpstream's own events
+    topic (``<app_id>-events``), stage 1's parallelism.
     """
 
     topics: list[str] = Field(["dpstream.events"], min_length=1)
+    format: InputFormat = "json"
+    schema_registry: SchemaRegistryConfig | None = None
     user_id_field: str = "user_id"
     partitions: int = Field(4, ge=1, le=1024)
     # A single record (event or batch envelope) larger than this is dead-lettered.
@@ -102,6 +201,16 @@ class InputConfig(_Model):
         if not v or any(not part for part in v.split(".")):
             raise ValueError("must be a field name or a dotted path of field names")
         return v
+
+    @model_validator(mode="after")
+    def _registry_for_format(self) -> InputConfig:
+        if self.format in REGISTRY_FORMATS and self.schema_registry is None:
+            raise ValueError(f"schema_registry: required for format {self.format}")
+        if self.format == "json" and self.schema_registry is not None:
+            raise ValueError(
+                "schema_registry: only applies to format avro, protobuf or json_schema"
+            )
+        return self
 
 
 # What stage 1 and stage 2 need at least, after the clock's marker period, to report and
@@ -170,9 +279,69 @@ class NoiseConfig(_Model):
     key_env: str | None = "DPSTREAM_NOISE_KEY"
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
 _TLS = ("SSL", "SASL_SSL")
+
+
+class OAuthConfig(_Model):
+    """SASL/OAUTHBEARER tokens from an OpenID Connect provider: the OAuth 2.0 client
+    credentials grant at ``token_endpoint_url`` (what managed clusters such as Confluent
+    Cloud take; docs/security.md). The client secret comes from ``client_secret_env`` or
+    ``client_secret_file``, never from the config.
+    """
+
+    token_endpoint_url: str
+    client_id: str = Field(min_length=1)
+    client_secret_env: str | None = None
+    client_secret_file: Path | None = None
+    scope: str | None = Field(None, min_length=1)
+    # SASL extensions sent with the token (Confluent Cloud: logicalCluster, identityPoolId).
+    extensions: dict[str, str] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secret(cls, data: object) -> object:
+        if isinstance(data, dict) and "client_secret" in data:
+            raise ValueError(
+                "client_secret: secrets are never written in the config; "
+                "use client_secret_env or client_secret_file"
+            )
+        return data
+
+    @field_validator("token_endpoint_url")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        # The client secret goes to this URL: TLS, except to this machine (tests).
+        loopback = re.match(r"^http://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?/", v)
+        if not (v.startswith("https://") or loopback):
+            raise ValueError("must be an https:// URL (http:// only on localhost)")
+        return v
+
+    @field_validator("client_secret_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError("must be the name of an environment variable")
+        return v
+
+    @field_validator("extensions")
+    @classmethod
+    def _extensions(cls, v: dict[str, str]) -> dict[str, str]:
+        # librdkafka takes them as "k1=v1,k2=v2"; RFC 7628 keys are letters only.
+        for key, value in v.items():
+            if not re.fullmatch(r"[A-Za-z]+", key) or key == "auth":
+                raise ValueError(f"{key!r}: an extension key is letters only, not 'auth'")
+            if any(c in value for c in ",=\x01"):
+                raise ValueError(f"{key}: a value may not contain ',', '=' or \\x01")
+        return v
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> OAuthConfig:
+        if (self.client_secret_env is None) == (self.client_secret_file is None):
+            raise ValueError(
+                "client_secret_env: set exactly one of client_secret_env and client_secret_file"
+            )
+        return self
 
 
 class KafkaSecurityConfig(_Model):
@@ -180,14 +349,16 @@ class KafkaSecurityConfig(_Model):
     tools (confluent-kafka). Mapped by ``pipeline/kafka/security.py``; see docs/security.md.
 
     No secret is ever written here: the SASL password comes from the environment variable
-    named by ``password_env`` or from ``password_file``, read when a client is built.
+    named by ``password_env`` or from ``password_file``, read when a client is built; an
+    OAUTHBEARER client secret likewise (``oauth``).
     """
 
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
     username: str | None = Field(None, min_length=1)
     password_env: str | None = None
     password_file: Path | None = None
+    oauth: OAuthConfig | None = None  # with sasl_mechanism OAUTHBEARER
     ssl_cafile: Path | None = None  # None: the system's trusted CAs
     ssl_certfile: Path | None = None  # client certificate (mutual TLS), with ssl_keyfile
     ssl_keyfile: Path | None = None
@@ -196,37 +367,18 @@ class KafkaSecurityConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _no_inline_secret(cls, data: object) -> object:
-        # Checked before anything else, and the message never repeats the value.
-        if isinstance(data, dict):
-            for name in ("password", "sasl_password", "ssl_password", "ssl_key_password"):
-                if name in data:
-                    raise ValueError(
-                        f"{name}: secrets are never written in the config; "
-                        "use password_env or password_file"
-                    )
-        return data
+        names = ("password", "sasl_password", "ssl_password", "ssl_key_password")
+        return _no_inline_secret(data, names, "password_env or password_file")
 
-    @field_validator("password_env")
-    @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
-        if v is not None and not _ENV_NAME.match(v):
-            raise ValueError("must be the name of an environment variable")
-        return v
+    _password_env = field_validator("password_env")(_env_name)
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSecurityConfig:
         proto = self.security_protocol
         if proto in _SASL:
-            for name in ("sasl_mechanism", "username"):
-                if getattr(self, name) is None:
-                    raise ValueError(f"{name}: required for security_protocol {proto}")
-            if (self.password_env is None) == (self.password_file is None):
-                raise ValueError(
-                    f"password_env: set exactly one of password_env and password_file "
-                    f"for security_protocol {proto}"
-                )
+            self._check_sasl()
         else:
-            for name in ("sasl_mechanism", "username", "password_env", "password_file"):
+            for name in ("sasl_mechanism", "username", "password_env", "password_file", "oauth"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only applies to SASL_PLAINTEXT and SASL_SSL")
         if proto not in _TLS:
@@ -237,11 +389,36 @@ class KafkaSecurityConfig(_Model):
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
             raise ValueError(f"{missing}: ssl_certfile and ssl_keyfile go together")
-        if proto == "SASL_PLAINTEXT" and self.sasl_mechanism == "PLAIN":
-            log.warning("kafka: SASL PLAIN over SASL_PLAINTEXT sends the password unencrypted")
+        if proto == "SASL_PLAINTEXT" and self.sasl_mechanism in ("PLAIN", "OAUTHBEARER"):
+            log.warning(
+                "kafka: SASL %s over SASL_PLAINTEXT sends the %s unencrypted",
+                self.sasl_mechanism,
+                "password" if self.sasl_mechanism == "PLAIN" else "token",
+            )
         if proto in _TLS and not self.ssl_check_hostname:
             log.warning("kafka.ssl_check_hostname is false: the broker's name is not verified")
         return self
+
+    def _check_sasl(self) -> None:
+        proto = self.security_protocol
+        if self.sasl_mechanism is None:
+            raise ValueError(f"sasl_mechanism: required for security_protocol {proto}")
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if self.oauth is None:
+                raise ValueError("oauth: required for sasl_mechanism OAUTHBEARER")
+            for name in ("username", "password_env", "password_file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: OAUTHBEARER takes its token from oauth")
+            return
+        if self.oauth is not None:
+            raise ValueError("oauth: only applies to sasl_mechanism OAUTHBEARER")
+        if self.username is None:
+            raise ValueError(f"username: required for security_protocol {proto}")
+        if (self.password_env is None) == (self.password_file is None):
+            raise ValueError(
+                f"password_env: set exactly one of password_env and password_file "
+                f"for security_protocol {proto}"
+            )
 
 
 class Neighbours(StrEnum):
@@ -257,22 +434,16 @@ Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
 
 @dataclass(frozen=True, slots=True)
 class KindEntry:
-    """One kind: the module that implements it, and what config validation and the event
-    checks need to know of it.
+    """What config validation and the event checks need to know of one kind.
 
-    ``implementation``: the import path of its module in the pipeline, which has
-    ``make_statistic(stat, cfg)`` (its ``pipeline.statistic.Statistic``) and
-    ``describe(stat, cfg)`` (one line for ``dpstream check-config``); ``pipeline.kinds``
-    imports it by this name when a statistic of the kind is first built. ``needs_value``:
-    its events must carry a value. ``section``: the kind is bounded by the caps of its own
-    section (``mean``, ``cells``), which it requires and no other kind takes; tau and the
-    tree parameters do not apply. ``values``: its event values are integers in [1, R], R
-    given by this field (``max_value``, ``bins``). ``rank``: it takes ``rank`` and
-    ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides tau: auto.
-    ``deletions``: ``deletions: true`` is supported (tau: auto).
+    ``needs_value``: its events must carry a value. ``section``: the kind is bounded by
+    the caps of its own section (``mean``, ``cells``), which it requires and no other kind
+    takes; tau and the tree parameters do not apply. ``values``: its event values are
+    integers in [1, R], R given by this field (``max_value``, ``bins``). ``rank``: it takes
+    ``rank`` and ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides
+    tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto).
     """
 
-    implementation: str
     needs_value: bool = True
     section: str | None = None
     values: str | None = None
@@ -281,21 +452,17 @@ class KindEntry:
     deletions: bool = True
 
 
-_COUNTERS = "dpstream.statistics.counters"
-
-# The registry of kinds: the kinds the schema accepts, each with its implementation and
-# parameters; adding a kind is its module plus one line here. Config validation, the
-# worker, replay and check-config all read it (the last three through statistics/registry.py).
-# The implementations are named as strings because the config package never imports the
-# pipeline (tests/test_import_graph.py), and statistics/registry.py imports them by name.
+# The kinds the schema accepts, with the parameters each takes. Their implementations are
+# the statistics layer's registry (dpstream.statistics.registry), which checks at import
+# that it names the same kinds: adding a kind is its module, one line there and one here.
 KINDS: dict[str, KindEntry] = {
-    "count": KindEntry(_COUNTERS, needs_value=False, fixed_tau=True),
-    "sum": KindEntry(_COUNTERS, values="max_value", fixed_tau=True),
-    "histogram": KindEntry(_COUNTERS, values="bins"),
-    "kselect": KindEntry(_COUNTERS, values="bins", rank=True, deletions=False),
-    "distinct": KindEntry(_COUNTERS, deletions=False),
-    "mean": KindEntry("dpstream.statistics.means", section="mean"),
-    "cell_mean": KindEntry("dpstream.statistics.cells", section="cells"),
+    "count": KindEntry(needs_value=False, fixed_tau=True),
+    "sum": KindEntry(values="max_value", fixed_tau=True),
+    "histogram": KindEntry(values="bins"),
+    "kselect": KindEntry(values="bins", rank=True, deletions=False),
+    "distinct": KindEntry(deletions=False),
+    "mean": KindEntry(section="mean"),
+    "cell_mean": KindEntry(section="cells"),
 }
 if TYPE_CHECKING:
     # A Literal built from KINDS at run time is no type to a checker: a kind is a str there.
@@ -455,8 +622,6 @@ class CellConfig(_Model):
             raise ValueError(f"contribution_cap: only applies to noisy_ratio, not {self.mechanism}")
         if "clip_kappa" in self.model_fields_set and not self.clip_user:
             raise ValueError("clip_kappa: only applies with clip_user: true")
-        from dpstream.operators.errors import InvalidOperatorConfig
-
         try:  # what only the operators check (grid multiples, ...), named as here
             self.operator_spec(1.0)
             self.accountant_spec()
@@ -478,7 +643,6 @@ class CellConfig(_Model):
     def operator_spec(self, epsilon: float, any_subset: bool = False) -> CellMeanSpec:
         """The ``operators.cell_mean`` spec of one cell release at ``epsilon``; ``any_subset``
         is the strict mode's neighbouring relation (privacy.neighbours)."""
-        from dpstream.operators.cells import cell_mean
 
         def exact(x: float) -> str:
             return repr(x)  # the decimal the user wrote: 0.1 is 1/10 (exact_fraction)
@@ -502,8 +666,6 @@ class CellConfig(_Model):
 
     def accountant_spec(self) -> CellAccountantSpec:
         """The ``operators.cell_accountant`` spec: B per epoch, the mode, on_cap."""
-        from dpstream.operators.cells import cell_accountant
-
         return cell_accountant.make_cell_accountant(
             repr(self.epoch_cap), self.counts_public, self.on_cap
         )
@@ -675,18 +837,21 @@ class StatisticConfig(_Model):
     def terms(self, public_counts: bool = False) -> StatisticTerms:
         """What the accountant (``operators.accounting``) needs to charge this statistic;
         ``public_counts`` is the pipeline's ``privacy.public_counts`` (a mean's algorithm)."""
-        from fractions import Fraction
-
-        from dpstream.operators.accounting import StatisticTerms
 
         def exact(x: float) -> Fraction:
             return Fraction(repr(x))  # the decimal the user wrote: 0.1 is 1/10
 
         cells, mean = self.cells, self.mean
+        form: Form = "tree_counter"
+        if cells is not None:
+            form = "per_cell_mean"
+        elif mean is not None:
+            form = "continual_mean" if public_counts else "whole_user_mean"
         return StatisticTerms(
             name=self.name,
             kind=self.kind,
             epsilon=exact(self.epsilon),
+            form=form,
             mechanism=self.mechanism,
             lam=None if self.lam is None else exact(self.lam),
             delay=self.delay,
@@ -744,8 +909,6 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:
-        from dpstream.operators.accounting import StatementError
-
         names = [s.name for s in self.statistics]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -779,17 +942,9 @@ class PipelineConfig(_Model):
                             "alone and its noise does not depend on the number of users"
                         )
 
-    def whole_user_mean(self, stat: StatisticConfig) -> bool:
-        """``stat`` is a mean run as the whole-user mean (operators.whole_user_mean)."""
-        return stat.kind == "mean" and not self.privacy.public_counts
-
     def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
         """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
         statistics this app id ran before and no longer runs."""
-        from fractions import Fraction
-
-        from dpstream.operators import accounting
-
         return accounting.statement(
             self.app_id,
             [s.terms(self.privacy.public_counts) for s in self.statistics],
@@ -798,45 +953,6 @@ class PipelineConfig(_Model):
             Fraction(repr(self.privacy.total_epsilon)),
             retired,
         )
-
-    def statistic_parameters(self, stat: StatisticConfig) -> dict[str, object]:
-        """Everything of the config that shapes ``stat``'s noise, its sensitivity or what
-        one user contributes: its whole definition, the pipeline's relation, the tick
-        length (steps count ticks), the privacy unit (``input.user_id_field``) and the
-        noise mode; for George et al.'s mean, the partitions too (its user cap is split
-        over them; other kinds are the same for any partition count); for the whole-user
-        mean, its mechanism and the sensitivities of its two counters. The pipeline adds
-        the resolved mechanism and the algorithms' versions
-        (``pipeline.kinds.identity_parameters``); the fingerprint of the whole is the
-        statistic's identity (docs/design.md section 4a says what is left out, and why)."""
-        out: dict[str, object] = {
-            "app_id": self.app_id,
-            "statistic": stat.model_dump(mode="json", by_alias=True),
-            "neighbours": self.privacy.neighbours.value,
-            "public_counts": self.privacy.public_counts,
-            "interval_seconds": self.ticks.interval_seconds,
-            # The privacy unit: another field is another set of users, each with a fresh
-            # bound inside the same trees.
-            "user_id_field": self.input.user_id_field,
-            # Zero noise and keyed noise are two statistics: no draw is shared between them.
-            "noise_mode": self.noise.mode.value,
-        }
-        if self.whole_user_mean(stat):
-            from dpstream.operators import accounting
-            from dpstream.operators.means import whole_user_mean
-
-            mean = stat.mean
-            assert mean is not None
-            multiplier = accounting.sensitivity_multiplier(self.privacy.neighbours.value)
-            out["mechanism"] = whole_user_mean.MECHANISM
-            out["sensitivities"] = list(
-                whole_user_mean.sensitivities(
-                    mean.max_samples_per_user, mean.resolution, multiplier
-                )
-            )
-        elif stat.kind == "mean":
-            out["partitions"] = self.input.partitions
-        return out
 
     def release_topic(self, statistic: str) -> str:
         return f"{self.outputs.release_topic_prefix}{statistic}"

@@ -35,7 +35,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,14 +247,14 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no broker log)"
 
 
-def _previous_ports(props: Path) -> tuple[int, int] | None:
-    """(broker port, controller port) of an earlier start on this data dir, if any."""
+def listener_ports(props: Path) -> list[int]:
+    """The ports of the ``listeners`` of a ``server.properties``, in their order (none if
+    there is no such file)."""
     try:
-        text = props.read_text("utf-8")
+        found = re.search(r"^listeners=(.*)$", props.read_text("utf-8"), re.M)
     except OSError:
-        return None
-    found = re.search(r"^listeners=PLAINTEXT://[^:]+:(\d+),CONTROLLER://[^:]+:(\d+)$", text, re.M)
-    return (int(found.group(1)), int(found.group(2))) if found else None
+        return []
+    return [int(p) for p in re.findall(r"://[^:,]+:(\d+)", found.group(1))] if found else []
 
 
 def _free_ports(count: int) -> list[int]:
@@ -279,22 +279,29 @@ def _cluster_id() -> str:
             return cid
 
 
-def _admin_config(bootstrap: str) -> dict[str, Any]:
+def _admin_config(bootstrap: str, client: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "log_level": 0,  # librdkafka otherwise prints every refused connection to stderr
         "socket.connection.setup.timeout.ms": 1000,
         "reconnect.backoff.ms": 50,
         "reconnect.backoff.max.ms": 250,
+        **(client or {}),
     }
 
 
-def _wait_ready(bootstrap: str, timeout: float, check: Callable[[], None] | None = None) -> None:
+def _wait_ready(
+    bootstrap: str,
+    timeout: float,
+    check: Callable[[], None] | None = None,
+    client: Mapping[str, str] | None = None,
+    brokers: int = 1,
+) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout
-    admin = AdminClient(_admin_config(bootstrap))
+    admin = AdminClient(_admin_config(bootstrap, client))
     last_error = "no answer"
     while True:
         if check is not None:
@@ -309,27 +316,37 @@ def _wait_ready(bootstrap: str, timeout: float, check: Callable[[], None] | None
         except KafkaException as exc:
             last_error = str(exc)
         else:
-            if metadata.brokers:
+            if len(metadata.brokers) >= brokers:
                 return
-            last_error = "metadata without brokers"
+            last_error = f"metadata lists {len(metadata.brokers)} of {brokers} brokers"
         time.sleep(0.1)
 
 
-def wait_for_metadata(bootstrap: str, timeout: float) -> None:
-    """Block until a Kafka cluster answers a metadata request that lists a broker.
+def wait_for_metadata(
+    bootstrap: str,
+    timeout: float,
+    brokers: int = 1,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Block until a Kafka cluster answers a metadata request that lists ``brokers`` brokers.
 
     Args:
         bootstrap: ``host:port[,host:port...]``.
         timeout: Seconds to keep trying.
+        brokers: How many brokers the answer must list.
+        check: Called before each try; raises to give up (a broker process exited).
 
     Raises:
-        BrokerError: No answer within ``timeout``.
+        BrokerError: No such answer within ``timeout``.
     """
-    _wait_ready(bootstrap, timeout)
+    _wait_ready(bootstrap, timeout, check, brokers=brokers)
 
 
-def _server_properties(port: int, controller_port: int, log_dir: Path) -> str:
-    settings = {
+def plaintext_settings(ports: Sequence[int], log_dir: Path) -> dict[str, str]:
+    """A single node's settings: broker and controller in one JVM, PLAINTEXT on loopback
+    (``ports``: the client listener's, the controller's)."""
+    port, controller_port = ports
+    return {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
@@ -341,9 +358,31 @@ def _server_properties(port: int, controller_port: int, log_dir: Path) -> str:
         "log.dirs": str(log_dir),
         **BROKER_DEFAULTS,
     }
-    lines = ["# written by dpstream.deploy.broker.LocalKafka"]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a :class:`LocalKafka` node runs with.
+
+    Attributes:
+        settings: Its ``server.properties`` from its ports and its log dir; the first port is
+            the client listener :attr:`LocalKafka.bootstrap` names.
+        ports: How many ports ``settings`` takes.
+        format_args: Extra arguments of the storage format (``--add-scram ...``).
+        client: librdkafka settings a client needs to reach the first listener (the
+            readiness check's).
+    """
+
+    settings: Callable[[Sequence[int], Path], dict[str, str]] = plaintext_settings
+    ports: int = 2
+    format_args: tuple[str, ...] = ()
+    client: Mapping[str, str] = field(default_factory=dict)
+
+
+def _write_properties(path: Path, settings: Mapping[str, str]) -> None:
+    lines = ["# written by dpstream.deploy.broker"]
     lines += [f"{key}={value}" for key, value in settings.items()]
-    return "\n".join(lines) + "\n"
+    path.write_text("\n".join(lines) + "\n", "utf-8")
 
 
 def _proc_cmdline(pid: int) -> str | None:
@@ -371,8 +410,10 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _format_storage(java: str, classpath: str, props: Path, cwd: Path) -> None:
-    """Format a new KRaft log dir (``kafka-storage.sh format``) with a fresh cluster id."""
+def _format_storage(
+    java: str, classpath: str, props: Path, cwd: Path, cluster_id: str, extra: Sequence[str] = ()
+) -> None:
+    """Format a new KRaft log dir (``kafka-storage.sh format``) for the cluster ``cluster_id``."""
     # Fixed argument list, no shell: java from PATH/JAVA_HOME, our own paths.
     fmt = subprocess.run(  # noqa: S603
         [
@@ -384,9 +425,10 @@ def _format_storage(java: str, classpath: str, props: Path, cwd: Path) -> None:
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            _cluster_id(),
+            cluster_id,
             "-c",
             str(props),
+            *extra,
         ],
         cwd=cwd,
         stdin=subprocess.DEVNULL,
@@ -423,13 +465,23 @@ class LocalKafka:
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def start(cls, *, data_dir: Path | None = None, timeout: float = 60.0) -> LocalKafka:
+    def start(
+        cls,
+        *,
+        data_dir: Path | None = None,
+        timeout: float = 60.0,
+        spec: NodeSpec | None = None,
+        owns_data_dir: bool | None = None,
+    ) -> LocalKafka:
         """Fetch the jars if needed, format storage, start the broker and wait until it answers.
 
         Args:
             data_dir: Where to keep config, log and data. Default: a new temp dir that
                 :meth:`stop` removes. A given dir is kept (and reused if already formatted).
             timeout: Seconds to wait for the broker to answer a metadata request.
+            spec: Its settings (default: :func:`plaintext_settings`).
+            owns_data_dir: Whether :meth:`stop` removes ``data_dir`` (default: only the
+                temp dir made here).
 
         Returns:
             The running broker.
@@ -438,8 +490,9 @@ class LocalKafka:
             BrokerError: Missing java/mvn, a failed format, or the broker exited early or did
                 not answer in time (the message carries the end of the broker log).
         """
+        spec = spec or NodeSpec()
         jars = fetch_jars()
-        owns = data_dir is None
+        owns = data_dir is None if owns_data_dir is None else owns_data_dir
         base = (
             Path(tempfile.mkdtemp(prefix="dpstream-kafka-")) if data_dir is None else Path(data_dir)
         )
@@ -448,7 +501,7 @@ class LocalKafka:
         try:
             for attempt in range(1, attempts + 1):
                 try:
-                    return cls._start_once(jars, base, owns, timeout, reuse_ports=attempt == 1)
+                    return cls._start_once(jars, base, owns, timeout, spec, attempt == 1)
                 except BrokerError as exc:
                     if _BIND_ERROR not in str(exc) or attempt == attempts:
                         raise
@@ -461,23 +514,53 @@ class LocalKafka:
 
     @classmethod
     def _start_once(
-        cls, jars: Path, base: Path, owns: bool, timeout: float, reuse_ports: bool
+        cls, jars: Path, base: Path, owns: bool, timeout: float, spec: NodeSpec, reuse_ports: bool
     ) -> LocalKafka:
         started = time.monotonic()
-        java = _java()
         base.mkdir(parents=True, exist_ok=True)
         props = base / "server.properties"
         # A restart on the same data keeps the broker's address: its clients (a running
         # worker) know only that one. Fresh ports only if it is gone or taken.
-        previous = _previous_ports(props) if reuse_ports else None
-        port, controller_port = previous or _free_ports(2)
-        log_file = base / "broker.log"
-        props.write_text(_server_properties(port, controller_port, base / "data"), "utf-8")
+        previous = listener_ports(props) if reuse_ports else []
+        ports = previous if len(previous) == spec.ports else _free_ports(spec.ports)
+        _write_properties(props, spec.settings(ports, base / "data"))
+        kafka = cls.launch(jars, base, owns, _cluster_id(), spec.format_args)
+        try:
+            kafka.wait_ready(timeout, spec.client)
+        except BaseException:
+            kafka._kill_quietly(keep_dir=True)
+            raise
+        atexit.register(kafka._atexit_stop)
+        logger.info(
+            "Kafka %s up at %s (pid %d) in %.1f s",
+            KAFKA_VERSION,
+            kafka.bootstrap,
+            kafka.pid,
+            time.monotonic() - started,
+        )
+        return kafka
+
+    @classmethod
+    def launch(
+        cls,
+        jars: Path,
+        base: Path,
+        owns: bool,
+        cluster_id: str,
+        format_args: Sequence[str] = (),
+    ) -> LocalKafka:
+        """Start the JVM on ``base/server.properties`` (formatting ``base/data`` first if it
+        is new) and return at once; :meth:`wait_ready` waits for it. Its :attr:`bootstrap`
+        is the first address of the file's ``listeners``."""
+        java = _java()
+        props = base / "server.properties"
+        ports = listener_ports(props)
+        if not ports:
+            raise BrokerError(f"{props} names no listener")
         classpath = f"{jars}/*"
-
         if not (base / "data" / "meta.properties").is_file():
-            _format_storage(java, classpath, props, base)
-
+            _format_storage(java, classpath, props, base, cluster_id, format_args)
+        log_file = base / "broker.log"
         level = os.environ.get(LOG_LEVEL_ENV, "WARN")
         cmd = [
             java,
@@ -501,8 +584,8 @@ class LocalKafka:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: survives a detaching parent
             )
-        kafka = cls(
-            bootstrap=f"127.0.0.1:{port}",
+        return cls(
+            bootstrap=f"127.0.0.1:{ports[0]}",
             pid=proc.pid,
             data_dir=base,
             log_file=log_file,
@@ -510,30 +593,34 @@ class LocalKafka:
             _proc=proc,
         )
 
-        def check() -> None:
-            code = proc.poll()
-            if code is not None:
-                raise BrokerError(
-                    f"Kafka exited during startup (exit {code}); end of {log_file}:\n"
-                    + _tail(log_file)
-                )
+    def check_running(self) -> None:
+        """Raise BrokerError with the end of its log if the JVM has exited."""
+        code = self._proc.poll() if self._proc is not None else None
+        if code is not None or not self.is_alive():
+            raise BrokerError(
+                f"Kafka exited during startup (exit {code}); end of {self.log_file}:\n"
+                + _tail(self.log_file)
+            )
 
+    def wait_ready(
+        self,
+        timeout: float,
+        client: Mapping[str, str] | None = None,
+        bootstrap: str | None = None,
+        brokers: int = 1,
+    ) -> None:
+        """Wait until a metadata answer through ``bootstrap`` (default: its own address,
+        reached with the librdkafka settings ``client``) lists ``brokers`` brokers.
+
+        Raises:
+            BrokerError: It exited or did not answer in time (with the end of its log).
+        """
         try:
-            _wait_ready(kafka.bootstrap, timeout, check)
-        except BaseException as exc:
-            kafka._kill_quietly(keep_dir=True)
-            if isinstance(exc, BrokerError) and "exited during startup" not in str(exc):
-                raise BrokerError(f"{exc}; end of {log_file}:\n{_tail(log_file)}") from None
-            raise
-        atexit.register(kafka._atexit_stop)
-        logger.info(
-            "Kafka %s up at %s (pid %d) in %.1f s",
-            KAFKA_VERSION,
-            kafka.bootstrap,
-            kafka.pid,
-            time.monotonic() - started,
-        )
-        return kafka
+            _wait_ready(bootstrap or self.bootstrap, timeout, self.check_running, client, brokers)
+        except BrokerError as exc:
+            if "exited during startup" in str(exc):
+                raise
+            raise BrokerError(f"{exc}; end of {self.log_file}:\n{_tail(self.log_file)}") from None
 
     def is_alive(self) -> bool:
         """Whether the broker process still runs (a zombie or a reused pid does not count)."""
@@ -600,6 +687,10 @@ class LocalKafka:
         _reap(self.pid)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); its data dir stays, for a restart on it."""
+        self._kill_quietly(keep_dir=True)
 
     def _kill_quietly(self, *, keep_dir: bool) -> None:
         if self.is_alive():
@@ -930,11 +1021,25 @@ def status_detached() -> dict[str, Any] | None:
     return {**state, "alive": alive}
 
 
-def start_detached(timeout: float = 60.0) -> dict[str, Any]:
+def running_detached() -> LocalKafka | None:
+    """The live broker recorded by :func:`start_detached`, if any."""
+    state = _read_state()
+    try:
+        kafka = _from_state(state) if state is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    return kafka if kafka is not None and kafka.is_alive() else None
+
+
+def start_detached(
+    timeout: float = 60.0, start: Callable[[float], LocalKafka] | None = None
+) -> dict[str, Any]:
     """Start a background :class:`LocalKafka` that outlives this process, or reuse a live one.
 
     Args:
         timeout: Seconds to wait for a new broker to answer.
+        start: Starts the broker, given ``timeout`` (default: :meth:`LocalKafka.start`;
+            a secured one: ``deploy/secure_broker.py``).
 
     Returns:
         ``{bootstrap, pid, data_dir, log_file, owns_data_dir}`` plus ``already_running``.
@@ -951,7 +1056,7 @@ def start_detached(timeout: float = 60.0) -> dict[str, Any]:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 _from_state(stale).stop()  # dead: only removes its temp data dir
         state_file().unlink(missing_ok=True)
-    kafka = LocalKafka.start(timeout=timeout)
+    kafka = start(timeout) if start is not None else LocalKafka.start(timeout=timeout)
     kafka.detach()
     state = {
         "bootstrap": kafka.bootstrap,

@@ -1,11 +1,10 @@
-"""The contract every statistic kind implements (``Statistic``: a ``CountingStatistic`` or
-a ``PerUserStatistic``), what one closed tick
-gives (``Step``) and what stage 1 reports to stage 2 (``Report``).
+"""The contract every statistic kind implements (``Statistic``: a ``UnitStatistic`` or a
+``PerUserStatistic``), what one closed tick gives (``Step``), what stage 1 reports to
+stage 2 (``Report``), and what a kind's module has (``KindModule``).
 
-They live apart from the code that drives the stages (``stages.py``), from the lookup of
-kinds (``kinds.py``) and from the implementations (``counters.py``, ``means.py``,
-``cells.py``), so that each of those imports this module and none imports another's: no
-import cycles.
+They live apart from the code that drives the stages (``pipeline.stages``), from the
+registry of kinds (``registry.py``) and from the kinds' modules, so that each of those
+imports this module and none imports another's: no import cycles.
 """
 
 from __future__ import annotations
@@ -14,9 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators.noise import NoiseSource
 
-from .counting import UnitCounting
+from .bounding import UnitBounding
 from .events import Event
 
 
@@ -108,6 +108,12 @@ class StatisticBase(Protocol):
         """The neighbouring relation its guarantee is stated for (None: the pipeline's)."""
         ...
 
+    @property
+    def lifetime_steps(self) -> int | None:
+        """How many steps its charge covers (``accounting.lifetime_steps``; an expiring
+        counter's horizon): stage 2 releases nothing after them. None: no limit."""
+        ...
+
     def parts(self, report: Report) -> list[tuple[int, Any]]:
         """What the report brings, as (tick, part) pairs, ticks in ``from_tick..tick``
         (none: nothing to add): a cell's slot sent at the marker after a gap is stepped
@@ -127,13 +133,13 @@ class StatisticBase(Protocol):
         ...
 
 
-class CountingStatistic(StatisticBase, Protocol):
+class UnitStatistic(StatisticBase, Protocol):
     """A statistic whose users contribute unit weights: stage 1 counts them with its
-    ``counting`` (``pipeline.counting``, shared by these kinds) and sends their sums as
-    the report's ``weights``."""
+    ``bounding`` (``bounding.UnitBounding``, the kind's) and sends their sums as the
+    report's ``weights``."""
 
     @property
-    def counting(self) -> UnitCounting: ...
+    def bounding(self) -> UnitBounding: ...
 
 
 class PerUserStatistic(StatisticBase, Protocol):
@@ -145,7 +151,7 @@ class PerUserStatistic(StatisticBase, Protocol):
     ``scan_order`` to keep the index of the users a close scans (``stages.Stage1``)."""
 
     @property
-    def counting(self) -> None: ...
+    def bounding(self) -> None: ...
 
     def counts(self, event: Event) -> bool: ...
 
@@ -173,13 +179,29 @@ class PerUserStatistic(StatisticBase, Protocol):
         ...
 
 
-Statistic = CountingStatistic | PerUserStatistic
+Statistic = UnitStatistic | PerUserStatistic
 """One statistic of one kind, as both stages see it: stage 1 takes one of two forms,
-told apart by ``counting`` (None: per-user state)."""
+told apart by ``bounding`` (None: per-user state)."""
+
+
+class KindModule(Protocol):
+    """A kind's module, as the registry (``registry.py``) finds it."""
+
+    def make_statistic(self, stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
+        """``stat`` as both stages run it."""
+        ...
+
+    def describe(self, stat: StatisticConfig, cfg: PipelineConfig) -> str:
+        """What ``stat`` computes, in one line (``dpstream check-config``)."""
+        ...
+
+    def identity(self, stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+        """What shapes ``stat`` beyond its config, for its fingerprint (``identity.py``)."""
+        ...
 
 
 class WeightsStage2:
-    """Stage 2's side of a ``counting`` statistic: a report's part is its summed weights."""
+    """Stage 2's side of a ``UnitStatistic``: a report's part is its summed weights."""
 
     @staticmethod
     def parts(report: Report) -> list[tuple[int, Any]]:

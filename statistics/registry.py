@@ -1,72 +1,147 @@
-"""Statistic kinds: ``kind`` in a statistic's config -> its implementation.
+"""The registry of kinds: ``kind`` in a statistic's config -> the module that implements it.
 
-The registry itself is config/schema.py's ``KINDS``: one line per kind, naming the module
-that implements it and the parameters config validation allows it. Every implementation
-module (``counters``, ``means``, ``cells``) has the same two functions,
-``make_statistic(stat, cfg)`` (its ``pipeline.statistic.Statistic``) and
-``describe(stat, cfg)`` (one line); this module imports each by the name the registry
-gives, once per kind. The registry names modules as strings because the config package
-may not import the pipeline (tests/test_import_graph.py): an import there would be a
-cycle, since the pipeline imports config.
+One line per kind (``REGISTRY``). A kind's module holds its stage-1 bounding and its
+stage-2 step and has three functions: ``make_statistic(stat, cfg)`` (its
+``contract.Statistic``), ``describe(stat, cfg)`` (one line for ``dpstream check-config``)
+and ``identity(stat, cfg)`` (what shapes the statistic beyond its config: the mechanism as
+resolved, its algorithms' versions; ``identity.py``). Where one kind has two algorithms,
+the line says which setting chooses: a count or a sum is Dong-Luo-Yi's Alg. 3 with a
+fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean the whole-user mean or, with
+public counts, George et al.'s (``ByCounts``).
 
+The config schema lists the kinds and the parameters each takes (``config.schema.KINDS``);
+this registry and that list name the same kinds, and every module has every function:
+both are checked when this module is imported, so a kind that misses one never runs.
 Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statistic through
-``statistic_for``, ``dpstream check-config`` describes it through ``describe``, and the
-ingest, the worker and replay check event values by ``value_rule``; nothing else
-dispatches on a kind. A new kind is its own module with those two functions plus one
-line in ``KINDS`` (tests/statistics/test_registry.py checks every entry's module).
+``statistic_for``, check-config describes it through ``describe``, the identity reads
+``identity`` (``identity.py``), and the ingest's, stage 1's and replay's checks read
+``value_rule``; nothing else dispatches on a kind.
 """
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
+from dataclasses import dataclass
 from types import ModuleType
 
 from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
-from dpstream.operators import accounting
-from dpstream.operators.noise import discrete_laplace
 
+from . import (
+    cell_mean,
+    continual_mean,
+    distinct,
+    fixed_tau,
+    histogram,
+    kselect,
+    user_level,
+    whole_user_mean,
+)
 from .contract import Statistic
 from .events import ValueRule
 
+# What every kind's module has (``contract.KindModule``).
+KIND_FUNCTIONS = ("make_statistic", "describe", "identity")
 
-@cache
-def implementation(kind: str) -> ModuleType:
-    """The module that implements ``kind``, as the registry names it (imported once)."""
-    return importlib.import_module(KINDS[kind].implementation)
+
+@dataclass(frozen=True)
+class One:
+    """A kind with one algorithm."""
+
+    module: ModuleType
+
+    def module_for(self, stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
+        return self.module
+
+
+@dataclass(frozen=True)
+class ByTau:
+    """A kind with a fixed tau (Dong-Luo-Yi Alg. 3) or ``tau: auto`` (Alg. 5)."""
+
+    fixed: ModuleType
+    auto: ModuleType
+
+    def module_for(self, stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
+        return self.auto if stat.user_level else self.fixed
+
+
+@dataclass(frozen=True)
+class ByCounts:
+    """A kind whose algorithm depends on ``privacy.public_counts``."""
+
+    private: ModuleType
+    public: ModuleType
+
+    def module_for(self, stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
+        return self.public if cfg.privacy.public_counts else self.private
+
+
+Implementation = One | ByTau | ByCounts
+
+REGISTRY: dict[str, Implementation] = {
+    "count": ByTau(fixed=fixed_tau, auto=user_level),
+    "sum": ByTau(fixed=fixed_tau, auto=user_level),
+    "histogram": One(histogram),
+    "kselect": One(kselect),
+    "distinct": One(distinct),
+    "mean": ByCounts(private=whole_user_mean, public=continual_mean),
+    "cell_mean": One(cell_mean),
+}
+
+
+def _modules(implementation: Implementation) -> list[ModuleType]:
+    return [getattr(implementation, name) for name in implementation.__dataclass_fields__]
+
+
+def check_registry() -> None:
+    """The registry names the config's kinds, each module with every function.
+
+    Raises:
+        TypeError: a kind the config lists but the registry does not (or the reverse), or
+            a module without one of ``KIND_FUNCTIONS``.
+    """
+    if set(REGISTRY) != set(KINDS):
+        raise TypeError(
+            f"the registry's kinds {sorted(REGISTRY)} are not the config's {sorted(KINDS)}"
+        )
+    for kind, implementation in REGISTRY.items():
+        for module in _modules(implementation):
+            missing = [f for f in KIND_FUNCTIONS if not callable(getattr(module, f, None))]
+            if missing:
+                raise TypeError(f"kind {kind}: {module.__name__} has no {', '.join(missing)}")
+
+
+check_registry()  # at import: a kind that misses a function never runs
+
+
+def implementation(stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
+    """The module that implements ``stat`` under the pipeline's settings."""
+    return REGISTRY[stat.kind].module_for(stat, cfg)
 
 
 def statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
-    """The implementation of ``stat`` under the pipeline's settings."""
-    return implementation(stat.kind).make_statistic(stat, cfg)
+    """``stat`` as both stages run it."""
+    statistic: Statistic = implementation(stat, cfg).make_statistic(stat, cfg)
+    return statistic
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (its cost is the privacy statement's)."""
-    return implementation(stat.kind).describe(stat, cfg)
+    line: str = implementation(stat, cfg).describe(stat, cfg)
+    return line
 
 
-def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
-    """Everything that shapes ``stat``'s noise or what one user contributes: the config's
-    part (``PipelineConfig.statistic_parameters``), the mechanism as its implementation
-    resolves it (``mechanism: auto``'s tree and k) with the versions of the algorithms it
-    runs, and the noise sampler's version. Its fingerprint is the statistic's identity."""
-    params = cfg.statistic_parameters(stat)
-    params["algorithm"] = implementation(stat.kind).algorithm(stat, cfg)
-    params["noise_sampler"] = discrete_laplace.VERSION
-    return params
-
-
-def fingerprint(stat: StatisticConfig, cfg: PipelineConfig) -> str:
-    """``stat``'s identity (``operators.accounting.fingerprint`` of its parameters)."""
-    return accounting.fingerprint(identity_parameters(stat, cfg))
+def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+    """What shapes ``stat`` beyond its config (``identity.py``): the mechanism as resolved,
+    its algorithms' versions, what else its kind depends on."""
+    found: dict[str, object] = implementation(stat, cfg).identity(stat, cfg)
+    return found
 
 
 def value_rule(stat: StatisticConfig) -> ValueRule:
-    """Count ignores values; distinct needs one; sum, histogram and kselect need 1..R (R:
-    max_value or bins, which the schema allows only for them); mean and cell_mean any
-    finite number (clipped by the mechanism), and cell_mean the cell attribute (in
-    ``cells.keys`` when that is given)."""
+    """What ``stat`` needs of the value of the events it counts: count ignores values;
+    distinct needs one; sum, histogram and kselect an integer in 1..R (R: max_value or
+    bins, which the schema allows only for them); mean and cell_mean any finite number
+    (clipped by the mechanism), and cell_mean the cell attribute (in ``cells.keys`` when
+    that is given)."""
     cells = stat.cells
     return ValueRule(
         stat.name,

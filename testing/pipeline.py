@@ -13,7 +13,8 @@ import orjson
 import yaml
 
 if TYPE_CHECKING:  # pytest imports this module in every run: dpstream's own imports wait
-    from dpstream.config.schema import PipelineConfig
+    from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
+    from dpstream.deploy.secure_broker import Listener, SecureKafka
 
 WAIT_SECONDS = 90.0
 """How long a read waits for releases: a worker's first release takes a few seconds."""
@@ -32,6 +33,52 @@ def unique_names(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Access:
+    """How a pipeline's clients reach a secured broker, least privilege: the worker's
+    ``kafka:`` section (written into its config), the producer's and the reader's
+    settings, and what readies the broker for a config (its source topics and ACLs)."""
+
+    worker: dict[str, str]
+    producer: KafkaSecurityConfig
+    reader: KafkaSecurityConfig
+    prepare: Callable[[PipelineConfig], None]
+
+
+def secured_access(secured: SecureKafka, listener: Listener = "SASL_SSL") -> Access:
+    """The users ``dpstream`` (worker), ``producer`` and ``reader`` of ``secured`` on
+    ``listener``, granted exactly ``dpstream acls`` (``pipeline/acls.py``) for each config;
+    the source topics are created by the admin, as a platform team would."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from dpstream.config.schema import KafkaSecurityConfig
+    from dpstream.pipeline.kafka.acls import Principals, bindings
+
+    def prepare(cfg: PipelineConfig) -> None:
+        admin = AdminClient({**secured.admin_client_config(), "log_level": 0})
+        sources = [NewTopic(t, cfg.input.partitions, 1) for t in cfg.input.topics]
+        for future in admin.create_topics(sources).values():
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise
+        principals = Principals("User:dpstream", "User:reader", "User:producer")
+        for future in admin.create_acls(bindings(cfg, principals)).values():
+            future.result(timeout=30)
+
+    def section(user: str) -> KafkaSecurityConfig:
+        return KafkaSecurityConfig(**secured.kafka_section(user, listener))
+
+    return Access(
+        worker=secured.kafka_section("dpstream", listener),
+        producer=section("producer"),
+        reader=section("reader"),
+        prepare=prepare,
+    )
+
+
 @dataclass
 class Pipeline:
     """One ``dpstream worker`` process on one config, with its clients.
@@ -48,6 +95,7 @@ class Pipeline:
     log_path: Path
     bootstrap: str
     _env: dict[str, str] | None = field(default=None, repr=False)
+    _access: Access | None = field(default=None, repr=False)
     _proc: Any = field(default=None, repr=False)
     _producer: Any = field(default=None, repr=False)
     _readers: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -55,19 +103,29 @@ class Pipeline:
 
     @classmethod
     def start(
-        cls, bootstrap: str, data: dict[str, Any], directory: Path, env: dict[str, str] | None
+        cls,
+        bootstrap: str,
+        data: dict[str, Any],
+        directory: Path,
+        env: dict[str, str] | None,
+        access: Access | None = None,
     ) -> Pipeline:
-        """Write the config, create its topics and start the worker."""
+        """Write the config, create its topics and start the worker (on a secured broker:
+        with ``access``, its ACLs granted first)."""
         from dpstream.config.schema import parse_config
         from dpstream.pipeline.kafka.topics import ensure_topics
 
         data = unique_names(data)
+        if access is not None:
+            data["kafka"] = access.worker
         cfg = parse_config(data)
+        if access is not None:
+            access.prepare(cfg)
         config_path = directory / f"{cfg.app_id}.yaml"
         config_path.write_text(yaml.safe_dump(data), encoding="utf-8")
         # Topics first: events produced before the worker is up are not lost.
         ensure_topics(cfg, bootstrap)
-        pipeline = cls(cfg, config_path, directory / f"{cfg.app_id}.log", bootstrap, env)
+        pipeline = cls(cfg, config_path, directory / f"{cfg.app_id}.log", bootstrap, env, access)
         pipeline.restart()
         return pipeline
 
@@ -88,7 +146,8 @@ class Pipeline:
         from dpstream.pipeline.kafka.clients import make_producer, produce_events
 
         if self._producer is None:
-            self._producer = make_producer(self.bootstrap, self.cfg.kafka)
+            producer = self._access.producer if self._access else self.cfg.kafka
+            self._producer = make_producer(self.bootstrap, producer)
         sent = produce_events(self._producer, self.cfg, events)
         if self._producer.flush(30) != 0:
             raise AssertionError("events were not delivered within 30 s")
@@ -126,13 +185,19 @@ class Pipeline:
     def _reader(self, statistic: str) -> Any:
         from confluent_kafka import Consumer, TopicPartition
 
+        from dpstream.pipeline.kafka.security import confluent_config
+        from dpstream.pipeline.kafka.topics import group_id
+
         if statistic not in self._readers:
+            reader = self._access.reader if self._access else self.cfg.kafka
             consumer = Consumer(
                 {
                     "bootstrap.servers": self.bootstrap,
-                    "group.id": f"dpstream-test-{uuid.uuid4().hex[:8]}",
+                    # Assigned, never committed; the reader's ACLs cover <app_id>-tail-.
+                    "group.id": group_id(self.cfg.app_id, f"tail-test-{uuid.uuid4().hex[:8]}"),
                     "enable.auto.commit": False,
                     "log_level": 0,
+                    **confluent_config(reader),
                 }
             )
             # Release topics have one partition: read it from its start, in order.

@@ -111,7 +111,7 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
                     "ticks": t_max,
                     "json_bytes": len(orjson.dumps(sstate.to_json())),
                     "python_bytes": deep_size(sstate.to_json()),  # what the table holds
-                    "tree_json_bytes": len(orjson.dumps(sstate.tree)),
+                    "state_json_bytes": len(orjson.dumps(sstate.statistic_state)),
                 }
             )
     return {
@@ -158,7 +158,7 @@ def ingest_micro(base: dict, users: int, events: int, batches: list[int], seed: 
 def stage1_micro(base: dict, users: int, events: int, batch: int, seed: int) -> dict:
     """Stage 1's own Python cost per event, no Kafka and no Faust: what ``handle_input``
     does with an envelope of the events topic (``records.decode_envelope``,
-    ``Stage1Driver.unseen``, ``Stage1Driver.on_events``, i.e. ``Stage1.add_events``, with a
+    ``Stage1Driver.unseen``, ``Stage1.add_events``, with a
     dict as the table), over the columnar envelopes the ingest writes (``ingest.route`` of
     the same synthetic events, in source records of ``batch`` events, 1 = single-event
     records)."""
@@ -188,7 +188,7 @@ def stage1_micro(base: dict, users: int, events: int, batch: int, seed: int) -> 
     table: dict = {}
     t = time.perf_counter()
     for offset, ((p, _), evs) in enumerate(zip(envelopes, fresh, strict=True)):
-        driver.on_events(pstates[p], table, p, offset, evs, [])
+        driver.stage1.add_events(pstates[p], table, evs, offset, p)
         Stage1Driver.done(pstates[p], offset)
     t_add = time.perf_counter() - t
     return {

@@ -22,6 +22,7 @@ from .accountant import (
     changed_fields,
     charge_of,
     fingerprint,
+    lifetime_steps,
     sensitivity_multiplier,
     statement,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "changed_fields",
     "charge_of",
     "fingerprint",
+    "lifetime_steps",
     "sensitivity_multiplier",
     "statement",
     "zcdp",

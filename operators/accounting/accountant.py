@@ -45,7 +45,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -66,13 +66,20 @@ class StatementError(DpStreamError, ValueError):
         self.field = field
 
 
+Form = Literal["tree_counter", "whole_user_mean", "continual_mean", "per_cell_mean"]
+
+
 @dataclass(frozen=True)
 class StatisticTerms:
     """What the accountant needs of one statistic (``config/schema.py`` builds it).
 
     Attributes:
         name: the statistic's name.
-        kind: count, sum, histogram, kselect, distinct, mean or cell_mean.
+        kind: its kind (for messages).
+        form: how it is charged: a tree counter (every counting kind: epsilon over the
+            whole stream, or epsilon g(horizon) when expiring), the whole-user mean
+            (two counters at epsilon / 2), George et al.'s continual mean (public
+            counts), a per-cell mean (B per accounting epoch).
         epsilon: its epsilon (one cell release's for cell_mean), exact.
         mechanism: the tree (binary, kary, kary_subtract, expiring, auto).
         lam, delay, horizon_ticks: the expiring tree's lambda, delay and charged age.
@@ -86,6 +93,7 @@ class StatisticTerms:
     name: str
     kind: str
     epsilon: Fraction
+    form: Form = "tree_counter"
     mechanism: str = "binary"
     lam: Fraction | None = None
     delay: int = 0
@@ -243,7 +251,7 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
           disjoint from K: with cells a and b, epsilon = B, one event of l in each, l is
           kept in a (the first cell in key order) and dropped from b; without the event
           in a, l is kept in b. Both cells change: 2B, and the bound is attained
-          (``tests/statistics/test_cells.py``, exhaustively over small cases).
+          (``tests/statistics/test_cell_mean.py``, exhaustively over small cases).
         * public counts: the count matrix is public, so neighbours have the same cells,
           the same users in them and the same admissions, and differ in values only: B
           (any_subset does not apply to them, :func:`statement`).
@@ -254,7 +262,7 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
         (docs/papers.md: Rameshwar et al.); the epoch cap, the strict mode and the 2B
         bound are ours (docs/design.md section 13).
     """
-    if terms.kind == "mean" and terms.counts_public:
+    if terms.form == "continual_mean":
         return Charge(
             terms.name,
             PUBLIC_COUNTS,
@@ -263,7 +271,7 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
             True,
             "continual mean: medians and binary mechanisms by basic composition",
         )
-    if terms.kind == "mean":
+    if terms.form == "whole_user_mean":
         assert terms.max_samples is not None and terms.resolution is not None
         count, units = whole_user_mean.sensitivities(
             terms.max_samples, terms.resolution, sensitivity_multiplier(relation)
@@ -275,7 +283,7 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
             "whole infinite stream"
         )
         return Charge(terms.name, relation, terms.epsilon, False, False, basis)
-    if terms.kind == "cell_mean":
+    if terms.form == "per_cell_mean":
         assert terms.epoch_cap is not None
         charged = terms.epoch_cap
         basis = f"epoch cap B over disjoint cells of epsilon {float(terms.epsilon):g} each"
@@ -305,6 +313,17 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
     return Charge(
         terms.name, relation, terms.epsilon, False, False, "tree counter, whole infinite stream"
     )
+
+
+def lifetime_steps(terms: StatisticTerms) -> int | None:
+    """How many steps a statistic may release under its charge: an expiring counter is
+    charged epsilon g(d) at the declared horizon d (:func:`charge_of`), and a release at a
+    later step would let its oldest item lose more, so it stops after ``horizon_ticks``
+    steps. None: its charge covers the whole infinite stream."""
+    if terms.mechanism == "expiring":
+        assert terms.horizon_ticks is not None
+        return terms.horizon_ticks
+    return None
 
 
 def statement(
@@ -339,7 +358,7 @@ def statement(
     charges = tuple(charge_of(t, relation) for t in statistics)
     for i, (terms, charge) in enumerate(zip(statistics, charges, strict=True)):
         if charge.exact_counts and not public_counts:
-            where = "kind" if terms.kind == "mean" else "cells.counts_public"
+            where = "kind" if terms.form == "continual_mean" else "cells.counts_public"
             raise StatementError(
                 f"statistics[{i}].{where}",
                 f"{terms.name!r} is private only with its counts public (who sent how many "

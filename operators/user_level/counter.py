@@ -873,10 +873,16 @@ def exact_values(spec: UserLevelSpec, state: UserLevelState) -> tuple[int, ...]:
     return kept_bins(spec, exact_tree_total(tree_of(state)), state.tau)
 
 
+def spent_split(spec: UserLevelSpec, state: UserLevelState) -> tuple[Fraction, Fraction]:
+    """Exact epsilon committed so far by (the tracker's SVTs 1..i, instances 1..j), each
+    below epsilon / 2 (Dong-Luo-Yi Alg. 5: half the budget to each series)."""
+    tracker = ContributionTrackerState(t=state.t, svt_index=state.svt_index)
+    return _tracker_spent(spec.tracker, tracker), instance_spent_epsilon(spec, state.instance)
+
+
 def spent_epsilon(spec: UserLevelSpec, state: UserLevelState) -> Fraction:
     """Exact epsilon committed so far: tracker SVTs 1..i plus instances 1..j (< epsilon)."""
-    tracker = ContributionTrackerState(t=state.t, svt_index=state.svt_index)
-    return _tracker_spent(spec.tracker, tracker) + instance_spent_epsilon(spec, state.instance)
+    return sum(spent_split(spec, state), Fraction(0))
 
 
 def _check_counts(name: str, values: Sequence[int]) -> None:

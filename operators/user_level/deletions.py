@@ -275,8 +275,13 @@ def exact_values(spec: DeletionsSpec, state: DeletionsState) -> tuple[int, ...]:
     return tuple(a - d for a, d in zip(ins, dele, strict=True))
 
 
+def spent_split(spec: DeletionsSpec, state: DeletionsState) -> tuple[Fraction, Fraction]:
+    """Exact epsilon committed so far by (both sides' trackers, both sides' instances)."""
+    ins = ul.spent_split(spec.inserts, side_state(state, "ins"))
+    dels = ul.spent_split(spec.deletes, side_state(state, "del"))
+    return ins[0] + dels[0], ins[1] + dels[1]
+
+
 def spent_epsilon(spec: DeletionsSpec, state: DeletionsState) -> Fraction:
     """Exact epsilon committed by both sides so far (< epsilon)."""
-    return ul.spent_epsilon(spec.inserts, side_state(state, "ins")) + ul.spent_epsilon(
-        spec.deletes, side_state(state, "del")
-    )
+    return sum(spent_split(spec, state), Fraction(0))

@@ -317,6 +317,11 @@ def exact_value(spec: DistinctCountSpec, state: ul.UserLevelState) -> int:
     return ul.exact_values(spec.mechanism, state)[0]
 
 
+def spent_split(spec: DistinctCountSpec, state: ul.UserLevelState) -> tuple[Fraction, Fraction]:
+    """Exact epsilon committed so far by (the tracker, the instances)."""
+    return ul.spent_split(spec.mechanism, state)
+
+
 def spent_epsilon(spec: DistinctCountSpec, state: ul.UserLevelState) -> Fraction:
     """Exact epsilon committed so far (tracker SVTs plus instances, < epsilon)."""
     return ul.spent_epsilon(spec.mechanism, state)

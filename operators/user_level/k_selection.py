@@ -678,12 +678,15 @@ def _delta_function(
     return chernoff_margin(level_scales, spec.domain, spec.dyadic, float(spec.beta) / spec.R)
 
 
+def spent_split(spec: KSelectionSpec, state: KSelectionState) -> tuple[Fraction, Fraction]:
+    """Exact epsilon committed so far by (the levels' trackers, the levels' instances)."""
+    parts = [ul.spent_split(level, level_state(state, i)) for i, level in enumerate(spec.levels)]
+    return sum((p[0] for p in parts), Fraction(0)), sum((p[1] for p in parts), Fraction(0))
+
+
 def spent_epsilon(spec: KSelectionSpec, state: KSelectionState) -> Fraction:
     """Exact epsilon committed so far: the sum over the level histograms (< epsilon)."""
-    return sum(
-        (ul.spent_epsilon(level, level_state(state, i)) for i, level in enumerate(spec.levels)),
-        Fraction(0),
-    )
+    return sum(spent_split(spec, state), Fraction(0))
 
 
 def exact_counts(spec: KSelectionSpec, state: KSelectionState) -> tuple[int, ...]:

@@ -4,7 +4,7 @@ readers, and a release reader."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -14,6 +14,7 @@ from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 from ..wire.records import BATCH, HEADER
 from .client_logs import error_callback
 from .security import confluent_config
+from .topics import group_id
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,15 @@ def make_producer(
 
 
 def produce_events(
-    producer: Producer, cfg: PipelineConfig, events: Iterable[dict], batch: int = 1
+    producer: Producer,
+    cfg: PipelineConfig,
+    events: Iterable[dict],
+    batch: int = 1,
+    serialize: Callable[[dict], bytes] = orjson.dumps,
 ) -> int:
     """Send events to the first source topic, keyed by user id; with ``batch > 1`` as
-    batch envelopes (JSON arrays of ``batch`` events) that the ingest splits again."""
+    batch envelopes (JSON arrays of ``batch`` events) that the ingest splits again.
+    ``serialize``: an event's record value (JSON; ``tools.avro_events`` writes Avro)."""
     topic = cfg.input.topics[0]
     sent = 0
     buffer: list[dict] = []
@@ -50,7 +56,7 @@ def produce_events(
 
     for event in events:
         if batch <= 1:
-            producer.produce(topic, key=str(event["user_id"]).encode(), value=orjson.dumps(event))
+            producer.produce(topic, key=str(event["user_id"]).encode(), value=serialize(event))
         else:
             buffer.append(event)
             if len(buffer) >= batch:
@@ -62,11 +68,23 @@ def produce_events(
     return sent
 
 
-def _consumer(bootstrap: str, security: KafkaSecurityConfig | None = None) -> Consumer:
+TOOLS_GROUP = "dpstream-tools"
+"""The group of a reader given none (tests): dpstream's own readers pass the app's,
+:func:`tools_group`, which its ACLs cover. The readers only assign partitions and never
+commit, but librdkafka still finds the group's coordinator, which needs Describe on the
+group."""
+
+
+def tools_group(cfg: PipelineConfig) -> str:
+    """The group of dpstream's own readers of its topics (export-log, ledger, holes)."""
+    return group_id(cfg.app_id, "tools")
+
+
+def _consumer(bootstrap: str, security: KafkaSecurityConfig | None, group: str) -> Consumer:
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": "dpstream-tools",
+            "group.id": group,
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "log_level": 0,
@@ -99,12 +117,13 @@ def read_topic(
     partitions: int,
     timeout: float = 30.0,
     security: KafkaSecurityConfig | None = None,
+    group: str = TOOLS_GROUP,
 ):
     """Every record of ``topic`` up to its current end, per partition, in offset order.
 
     Returns {partition: [(offset, headers, value, timestamp_ms)]}.
     """
-    consumer = _consumer(bootstrap, security)
+    consumer = _consumer(bootstrap, security, group)
     try:
         starts, ends = {}, {}
         for p in range(partitions):
@@ -134,10 +153,11 @@ def read_range(
     end: int,
     security: KafkaSecurityConfig | None = None,
     timeout: float = 30.0,
+    group: str = TOOLS_GROUP,
 ) -> list[tuple[int, list, bytes | None, int]]:
     """The records of one partition at offsets ``start`` <= offset < ``end`` (fewer where
     the log has none: transaction markers), as [(offset, headers, value, timestamp_ms)]."""
-    consumer = _consumer(bootstrap, security)
+    consumer = _consumer(bootstrap, security, group)
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         out: list[tuple[int, list, bytes | None, int]] = []
@@ -156,14 +176,16 @@ def read_releases(
     bootstrap: str,
     topic: str,
     *,
+    group: str,
     from_beginning: bool = True,
-    group: str | None = None,
     security: KafkaSecurityConfig | None = None,
 ) -> Consumer:
+    """A consumer of ``topic`` (a name, or a ``^`` pattern) in ``group``; dpstream's own are
+    ``<app_id>-...``, which its ACLs cover (``dpstream tail``: ``<app_id>-tail-<statistic>``)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": group or f"dpstream-tail-{topic}",
+            "group.id": group,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

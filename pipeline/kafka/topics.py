@@ -1,14 +1,24 @@
-"""Topic layout and creation (confluent-kafka admin)."""
+"""dpstream's topics and consumer groups: their names, layout, replication and creation
+(confluent-kafka admin).
+
+Every topic and consumer group dpstream makes for itself is named ``<app_id>-...`` (the
+events and stage-2 topics, Faust's changelogs and its leader topic, the worker's, the
+ingest's and the tools' groups), so one prefixed ACL of each kind covers them
+(docs/security.md, ``pipeline/acls.py``). The topics a user names (sources, releases, dead
+letters, ledger) are granted by name.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
+from dpstream.operators.errors import DpStreamError
 
 from .client_logs import error_callback
 from .security import confluent_config
@@ -24,8 +34,32 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 TABLES = ("stage1", "stage2")
 
 
+PRODUCTION_REPLICAS = 3
+"""Replicas of dpstream's topics where the cluster has the brokers (min.insync.replicas 2)."""
+
+
 def changelog_topics(cfg: PipelineConfig) -> list[str]:
     return [f"{cfg.app_id}-{table}-changelog" for table in TABLES]
+
+
+def leader_topic(cfg: PipelineConfig) -> str:
+    """Faust's leader-election topic (one partition; its holder runs the public clock)."""
+    return f"{cfg.app_id}-__assignor-__leader"
+
+
+def group_id(app_id: str, role: str) -> str:
+    """The consumer group of one of dpstream's consumers: ``<app_id>-<role>``.
+
+    Roles: ``worker`` (Faust's stage agents), ``ingest`` (the source topics), ``tools``
+    (export-log, the ledger and hole reads: assigned partitions, no commits) and
+    ``tail-<statistic>`` (``dpstream tail``).
+    """
+    return f"{app_id}-{role}"
+
+
+def former_worker_group(cfg: PipelineConfig) -> str:
+    """The worker's group before it was ``<app_id>-worker``: Faust's default, the app id."""
+    return cfg.app_id
 
 
 def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
@@ -33,7 +67,9 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
     plan = {cfg.events_topic: cfg.input.partitions, cfg.stage2_topic: cfg.input.partitions}
     # Created here, not lazily by Faust: right after a lazy creation the worker's metadata
     # may still show 0 partitions, and Faust then crashes the agent (PartitionsMismatch).
+    # Faust creates no topic that exists already, so it needs no Create right either.
     plan.update(dict.fromkeys(changelog_topics(cfg), cfg.input.partitions))
+    plan[leader_topic(cfg)] = 1
     for stat in cfg.statistics:
         plan[cfg.release_topic(stat.name)] = 1  # one partition: releases stay in tick order
     plan[cfg.outputs.dead_letter_topic] = 1
@@ -52,6 +88,15 @@ def timestamp_types(cfg: PipelineConfig) -> dict[str, str]:
         out[cfg.release_topic(stat.name)] = "CreateTime"
     out[cfg.outputs.ledger_topic] = "CreateTime"
     return out
+
+
+def replication(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of dpstream's topics on a cluster of
+    ``brokers`` brokers: 3 and 2 where it has three or more (a write is acknowledged by two
+    replicas, and one broker may be lost without stopping writes), else one replica per
+    broker and 1."""
+    factor = max(1, min(PRODUCTION_REPLICAS, brokers))
+    return factor, 2 if factor >= PRODUCTION_REPLICAS else 1
 
 
 def admin(bootstrap: str, security: KafkaSecurityConfig | None = None) -> AdminClient:
@@ -83,20 +128,32 @@ def ensure_topics(
     ConfigError if one has the wrong shape or an existing ledger topic could forget.
     Returns the topics it created.
 
-    A source topic that does not exist yet is created with ``input.partitions`` partitions
-    and the broker's defaults (a new pipeline's first run); one that exists is never
-    touched, whatever its partitions and settings."""
+    New topics get the replication the cluster allows (:func:`replication`); when it checks
+    them all (no ``only``), it warns where that is below :data:`PRODUCTION_REPLICAS` and
+    for existing topics of dpstream with fewer replicas than the cluster allows. A source
+    topic that does not exist yet is created with ``input.partitions`` partitions and the
+    broker's defaults (a new pipeline's first run); one that exists is never touched,
+    whatever its partitions and settings.
+
+    Raises:
+        ConfigError: An events, stage-2 or changelog topic with other partitions, a ledger
+            that could forget, other timestamps than dpstream needs.
+        DpStreamError: The principal may not create a missing topic (naming it).
+    """
     client = admin(bootstrap, cfg.kafka)
-    existing = client.list_topics(timeout=timeout).topics
+    metadata = client.list_topics(timeout=timeout)
+    existing = metadata.topics
     plan = topic_plan(cfg)
     _check_partitions(existing, (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)), plan)
     if cfg.outputs.ledger_topic in existing:
         check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
     _check_timestamps(client, cfg, existing, timeout)
+    if only is None:
+        _warn_under_replicated(cfg, metadata)
     plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
     if only is not None:
         plan = {name: n for name, n in plan.items() if name in set(only)}
-    return _create_missing(client, cfg, existing, plan, timeout)
+    return _create_missing(client, cfg, metadata, plan, timeout)
 
 
 def ensure_ingest_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
@@ -106,10 +163,10 @@ def ensure_ingest_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 3
     the events and dead-letter topics, are created as the worker creates them when they
     do not exist yet; no other."""
     client = admin(bootstrap, cfg.kafka)
-    existing = client.list_topics(timeout=timeout).topics
+    metadata = client.list_topics(timeout=timeout)
     plan = {cfg.events_topic: cfg.input.partitions, cfg.outputs.dead_letter_topic: 1}
-    _check_partitions(existing, (cfg.events_topic,), plan)
-    _create_missing(client, cfg, existing, plan, timeout)
+    _check_partitions(metadata.topics, (cfg.events_topic,), plan)
+    _create_missing(client, cfg, metadata, plan, timeout)
 
 
 def _check_partitions(existing: dict, names: Iterable[str], plan: dict[str, int]) -> None:
@@ -122,10 +179,12 @@ def _check_partitions(existing: dict, names: Iterable[str], plan: dict[str, int]
 
 
 def _create_missing(
-    client: AdminClient, cfg: PipelineConfig, existing: dict, plan: dict[str, int], timeout: float
+    client: AdminClient, cfg: PipelineConfig, metadata: Any, plan: dict[str, int], timeout: float
 ) -> list[str]:
-    """Create the topics of ``plan`` that do not exist, each with its settings; returns
-    their names."""
+    """Create the topics of ``plan`` that do not exist, each with its settings and the
+    replication the cluster allows; returns their names."""
+    factor, min_insync = replication(len(metadata.brokers))
+    ours = topic_plan(cfg)
     configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
     for name, kind in timestamp_types(cfg).items():
         configs[name] = {TIMESTAMP_TYPE: kind}
@@ -133,8 +192,12 @@ def _create_missing(
         **configs.get(cfg.outputs.ledger_topic, {}),
         **LEDGER_CONFIG,
     }
+    for name in ours:  # the sources are the users': the broker's defaults
+        configs[name] = {**configs.get(name, {}), "min.insync.replicas": str(min_insync)}
     missing = [
-        NewTopic(n, p, 1, config=configs.get(n, {})) for n, p in plan.items() if n not in existing
+        NewTopic(n, p, factor, config=configs.get(n, {}))
+        for n, p in plan.items()
+        if n not in metadata.topics
     ]
     if not missing:
         return []
@@ -142,8 +205,15 @@ def _create_missing(
         try:
             future.result()
         except KafkaException as exc:
-            if exc.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent worker won
-                raise
+            error = exc.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent worker won
+                continue
+            if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise DpStreamError(
+                    f"kafka: topic {name!r} does not exist and this principal may not create "
+                    "it: create it, or grant Create on it (docs/security.md, `dpstream acls`)"
+                ) from None
+            raise
         log.info("created topic %s", name)
     return [topic.topic for topic in missing]
 
@@ -192,3 +262,71 @@ def _check_timestamps(
                 f"--entity-type topics --entity-name {resource.name} --add-config "
                 f"{TIMESTAMP_TYPE}={need}"
             )
+
+
+def _warn_under_replicated(cfg: PipelineConfig, metadata: Any) -> None:
+    brokers = len(metadata.brokers)
+    factor, _ = replication(brokers)
+    if factor < PRODUCTION_REPLICAS:
+        log.warning(
+            "the cluster has %d broker(s): dpstream's new topics get replication factor %d, "
+            "and a broker's loss loses their data or stops the pipeline (production: %d "
+            "brokers, replication factor %d, min.insync.replicas 2)",
+            brokers,
+            factor,
+            PRODUCTION_REPLICAS,
+            PRODUCTION_REPLICAS,
+        )
+    topics = metadata.topics
+    for name in topic_plan(cfg):
+        if name in topics and topics[name].partitions:
+            replicas = min(len(p.replicas) for p in topics[name].partitions.values())
+            if replicas < factor:
+                log.warning(
+                    "topic %s has %d replica(s) where the cluster allows %d: under-replicated "
+                    "(add replicas with kafka-reassign-partitions)",
+                    name,
+                    replicas,
+                    factor,
+                )
+
+
+def adopt_former_worker_offsets(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
+    """Copy the committed offsets of the worker's former group (the app id, Faust's
+    default) to ``<app_id>-worker`` once, when only the former exists: a worker upgraded
+    from a version before the rename goes on where the old one stopped instead of reading
+    its topics again from their start. That re-read is what happens where the copy fails or
+    the principal may not see the former group (grant it Describe and Read on the group
+    ``<app_id>`` until the first start to keep them): harmless, since stage 1 and stage 2
+    drop what they have seen, but long."""
+    client = admin(bootstrap, cfg.kafka)
+    new, old = group_id(cfg.app_id, "worker"), former_worker_group(cfg)
+    try:
+        # Listing the groups needs no group coordinator: a new cluster, whose coordinator
+        # is not loaded yet, answers at once (a new pipeline's common case).
+        listed = client.list_consumer_groups(request_timeout=timeout).result(timeout)
+        names = {group.group_id for group in listed.valid}
+        if old not in names or new in names:
+            return
+        request = [ConsumerGroupTopicPartitions(old)]
+        future = client.list_consumer_group_offsets(request, request_timeout=timeout)[old]
+        ours = {cfg.events_topic, cfg.stage2_topic}
+        former = [
+            tp
+            for tp in future.result().topic_partitions or ()
+            if tp.offset >= 0 and tp.topic in ours
+        ]
+        if not former:
+            return
+        request = [ConsumerGroupTopicPartitions(new, former)]
+        client.alter_consumer_group_offsets(request, request_timeout=timeout)[new].result(timeout)
+    except (KafkaException, TimeoutError) as exc:
+        reason = exc.args[0].name() if isinstance(exc, KafkaException) else "no answer"
+        log.warning(
+            "the offsets of the worker's former group %s were not taken over (%s): the worker "
+            "reads its topics again from their start (counting nothing twice)",
+            old,
+            reason,
+        )
+        return
+    log.info("the worker's group is now %s; took over the offsets of %s", new, old)

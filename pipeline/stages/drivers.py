@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.noise import NoiseSource
@@ -24,12 +25,18 @@ from dpstream.statistics.contract import Report
 from dpstream.statistics.events import Batch, Event
 
 from ..wire.records import (
+    ENVELOPE,
+    RELEASE,
+    TICK,
     BadRecord,
     Envelope,
+    Limits,
     check_marker_time,
+    dead_letter,
     decode_envelope,
     decode_tick,
     event_dead_letter,
+    header_kind,
     limits_for,
     partition_for,
     refused_rows,
@@ -37,7 +44,7 @@ from ..wire.records import (
     rules_fingerprint,
 )
 from .stage1 import Stage1
-from .stage1_state import PartitionState, UserEntry
+from .stage1_state import PartitionEntry, UserEntry, redelivered
 from .stage2 import Stage2
 from .stage2_state import Stage2State, StatisticRun
 
@@ -62,32 +69,102 @@ class Refused:
         return event_dead_letter(self.reason, self.source, self.offset, self.index, self.event)
 
 
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One record of a stage's input topic, as its consumer hands it over (or as replay
+    makes it: ``tools/replay.py``)."""
+
+    partition: int
+    offset: int
+    headers: Sequence[tuple[str, bytes]] | None
+    value: bytes | None
+    timestamp_ms: int | None = None  # the broker's stamp (None: not checked)
+
+
+@dataclass
+class Stage1Outcome:
+    """What stage 1 made of one record: the offsets the consumer skipped before it (read
+    and ``handle`` them first, then this record again), or the reports to send to stage 2
+    and the dead letters; then ``Stage1Driver.done`` once they are acknowledged."""
+
+    hole: tuple[int, int] | None = None
+    reports: list[Report] = field(default_factory=list)
+    dead_letters: list[bytes] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # of the dead letters, in order
+
+    def reject(self, reason: str, dead_letter: bytes) -> None:
+        self.reasons.append(reason)
+        self.dead_letters.append(dead_letter)
+
+
 class Stage1Driver:
     """Stage 1, one input record at a time, over one partition's state and users."""
 
-    def __init__(self, cfg: PipelineConfig) -> None:
+    def __init__(self, cfg: PipelineConfig, limits: Limits | None = None) -> None:
+        """Stage 1 of ``cfg``, checking envelopes against ``limits`` (the ingest's rules
+        under ``cfg``; replay's log names users ``user_id``, whatever the config reads)."""
         self.stage1 = Stage1(cfg)
+        self._topic = cfg.events_topic
         self._partitions = cfg.input.partitions
         self._interval = cfg.ticks.interval_seconds
-        self._limits = limits_for(cfg)
+        self._limits = limits_for(cfg) if limits is None else limits
         # What the ingest writes into the envelopes it makes under this configuration.
         self.rules = rules_fingerprint(self._limits, self._partitions)
         self._foreign: set[str | None] = set()  # other rules seen (each logged once)
 
+    def handle(
+        self,
+        pstate: PartitionEntry,
+        users: MutableMapping[str, UserEntry],
+        record: InputRecord,
+        in_gap: bool = False,
+    ) -> Stage1Outcome:
+        """What record ``record`` of the events topic does, in the worker and in replay:
+        the offsets the consumer skipped before it (unless it is itself read from such a
+        ``hole``: ``in_gap``); else an envelope's events counted (``on_envelope``), a tick
+        marker's tick closed (``on_marker``), anything else dead-lettered; a re-delivered
+        record sends no dead letter and no report a second time."""
+        hole = None if in_gap else self.skipped(pstate, record.offset)
+        if hole is not None:
+            return Stage1Outcome(hole=hole)
+        out = Stage1Outcome()
+        fresh = not redelivered(pstate, record.offset)
+        kind = header_kind(record.headers)
+        if kind == TICK:
+            if fresh:
+                reports, bad = self.on_marker(
+                    pstate, users, record.partition, record.value, record.timestamp_ms
+                )
+                out.reports = reports
+                self._reject_all(out, record, bad)
+        elif kind == ENVELOPE:
+            bad, refused = self.on_envelope(
+                pstate, users, record.partition, record.offset, record.value
+            )
+            self._reject_all(out, record, bad)
+            for event in refused:
+                out.reject(event.reason, event.dead_letter())
+        elif fresh:  # only the ingest and the clock write this topic
+            self._reject_all(out, record, [(None, "not a dpstream envelope or tick marker")])
+        return out
+
+    def _reject_all(self, out: Stage1Outcome, record: InputRecord, bad: list[Rejected]) -> None:
+        for index, reason in bad:
+            letter = dead_letter(
+                reason, self._topic, record.partition, record.offset, record.value, index
+            )
+            out.reject(reason, letter)
+
     @staticmethod
-    def skipped(pstate: PartitionState, offset: int) -> tuple[int, int] | None:
+    def skipped(pstate: PartitionEntry, offset: int) -> tuple[int, int] | None:
         """Offsets [start, end) before ``offset`` the consumer never handed over (Faust can
         leave a hole at a rebalance): they must be processed first."""
         last = pstate["last_offset"]
         return (last + 1, offset) if 0 <= last < offset - 1 else None
 
-    @staticmethod
-    def is_redelivered(pstate: PartitionState, offset: int) -> bool:
-        return offset <= pstate["last_offset"]
-
     def on_envelope(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         users: MutableMapping[str, UserEntry],
         partition: int,
         offset: int,
@@ -96,17 +173,17 @@ class Stage1Driver:
         """Count the events of envelope record ``offset`` that this partition has not
         counted before and that pass its own rules (``admitted``). Returns the dead
         letters: the record's when it is not an envelope, and the refused events'."""
-        fresh = not self.is_redelivered(pstate, offset)
+        fresh = not redelivered(pstate, offset)
         try:
             envelope = decode_envelope(value)
         except BadRecord as exc:
             return ([(None, exc.reason)] if fresh else []), []
         events, refused = self.admitted(pstate, envelope, partition)
-        self.on_events(pstate, users, partition, offset, events, [])
+        self.stage1.add_events(pstate, users, events, offset, partition)
         return [], refused if fresh else []
 
     def admitted(
-        self, pstate: PartitionState, envelope: Envelope, partition: int
+        self, pstate: PartitionEntry, envelope: Envelope, partition: int
     ) -> tuple[Batch, list[Refused]]:
         """(the events of ``envelope`` this partition counts, the ones it refuses, why).
 
@@ -165,7 +242,7 @@ class Stage1Driver:
         )
 
     @staticmethod
-    def unseen(pstate: PartitionState, envelope: Envelope) -> Batch:
+    def unseen(pstate: PartitionEntry, envelope: Envelope) -> Batch:
         """The envelope's events after the last source position this partition counted
         of its source partition (and that position, advanced).
 
@@ -187,25 +264,9 @@ class Stage1Driver:
             sources[envelope.source] = [envelope.offsets[-1], envelope.indexes[-1]]
         return batch
 
-    def on_events(
-        self,
-        pstate: PartitionState,
-        users: MutableMapping[str, UserEntry],
-        partition: int,
-        offset: int,
-        events: Batch | list[Event],
-        rejected: list[Rejected],
-    ) -> list[Rejected]:
-        """Count record ``offset``'s events (columns or ``Event``s); return the dead
-        letters still to send (none for a re-delivered record: they went out the first
-        time)."""
-        fresh = not self.is_redelivered(pstate, offset)
-        self.stage1.add_events(pstate, users, events, offset, partition)
-        return rejected if fresh else []
-
     def on_marker(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         users: MutableMapping[str, UserEntry],
         partition: int,
         value: bytes | None,
@@ -221,9 +282,26 @@ class Stage1Driver:
         return self.stage1.close_tick(pstate, partition, tick, users), []
 
     @staticmethod
-    def done(pstate: PartitionState, offset: int) -> None:
+    def done(pstate: PartitionEntry, offset: int) -> None:
         """Record ``offset`` is applied (after its outputs were acknowledged)."""
         pstate["last_offset"] = max(pstate["last_offset"], offset)
+
+
+@dataclass
+class Stage2Outcome:
+    """What stage 2 made of one record of its topic: where reports went missing before it
+    (read the stage-2 partition from ``hole_from`` up to it, ``handle`` those records
+    first, then this one again), or the releases and ledger entries to publish, by
+    statistic, with their Kafka timestamp, and the statistics' states to store once they
+    are acknowledged."""
+
+    hole_from: int | None = None
+    states: dict[str, Stage2State] = field(default_factory=dict)
+    releases: list[tuple[str, dict]] = field(default_factory=list)
+    ledger: list[tuple[str, dict]] = field(default_factory=list)
+    timestamp_ms: int | None = None
+    dead_letters: list[bytes] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
 
 
 class Stage2Driver:
@@ -239,6 +317,7 @@ class Stage2Driver:
         runs: Mapping[str, StatisticRun] | None = None,
     ) -> None:
         self.stage2 = Stage2(cfg, noise, partitions, runs)
+        self._topic = cfg.stage2_topic
         self._interval = cfg.ticks.interval_seconds
         self._delay = cfg.ticks.release_delay
         # Faust keys the stage-2 topic by statistic (Kafka's default partitioner, murmur2).
@@ -248,6 +327,62 @@ class Stage2Driver:
             self._names_by_partition.setdefault(at, []).append(stat.name)
         self._configured = frozenset(s.name for s in cfg.statistics)
         self._unknown: set[str] = set()  # statistics whose reports were skipped (logged once)
+
+    def handle(
+        self,
+        record: InputRecord,
+        state_of: Callable[[str], Stage2State | None],
+        in_gap: bool = False,
+    ) -> Stage2Outcome:
+        """What record ``record`` of the stage-2 topic does, in the worker and in replay,
+        over the statistics' stored states (``state_of``): a report is absorbed (a report
+        of a statistic no longer configured is skipped; one after a hole asks for the
+        hole first, unless it is itself read from one: ``in_gap``), a release marker
+        publishes what its partition's statistics hold up to its tick, at its deadline."""
+        if header_kind(record.headers) == RELEASE:
+            return self._release(record, state_of)
+        report = Report.from_json(orjson.loads(record.value or b""))
+        if not self.configured(report):
+            return Stage2Outcome()
+        state = state_of(report.statistic) or self.stage2.new_state()
+        start = None if in_gap else self.missing_reports(state, report)
+        if start is not None:
+            log.warning(
+                "stage 2, %s: reports after tick %s missing; reading stage-2 partition %s "
+                "offsets %s-%s directly",
+                report.statistic,
+                state.reported[report.partition],
+                record.partition,
+                start,
+                record.offset - 1,
+            )
+            return Stage2Outcome(hole_from=start)
+        self.on_report(state, report, record.offset)
+        return Stage2Outcome(states={report.statistic: state})
+
+    def _release(
+        self, record: InputRecord, state_of: Callable[[str], Stage2State | None]
+    ) -> Stage2Outcome:
+        """A release marker: what its partition's statistics hold up to its tick, stamped
+        with its deadline; or its dead letter when it is not the clock's."""
+        try:
+            tick = self.release_tick(record.value, record.timestamp_ms)
+        except BadRecord as exc:
+            letter = dead_letter(
+                exc.reason, self._topic, record.partition, record.offset, record.value, None
+            )
+            return Stage2Outcome(dead_letters=[letter], reasons=[exc.reason])
+        out = Stage2Outcome(timestamp_ms=self.deadline_ms(tick))
+        for name in self.statistics_of(record.partition):
+            state = state_of(name)
+            if state is None:
+                continue
+            releases, ledger = self.on_release(state, tick)
+            if releases or ledger:
+                out.releases.extend((name, r) for r in releases)
+                out.ledger.extend((name, e) for e in ledger)
+                out.states[name] = state
+        return out
 
     def configured(self, report: Report) -> bool:
         """Whether ``report``'s statistic is in this configuration. One that is not (removed

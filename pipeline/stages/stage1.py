@@ -8,7 +8,7 @@ statistic's tick to stage 2 (``stage2.py``). Each statistic is a
 DP math lives in ``operators``; this module only routes numbers.
 
 Stage 1's states are the JSON dicts its Faust table holds, declared in ``stage1_state.py``
-(``PartitionState``, ``UserEntry``).
+(``PartitionEntry``, ``UserEntry``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 
 from dpstream.config.schema import PipelineConfig
+from dpstream.statistics.bounding import ColumnarBounding, UnitColumns, add_weights
 from dpstream.statistics.contract import PerUserStatistic, Report
-from dpstream.statistics.counting import UnitColumns, add_weights
 from dpstream.statistics.events import Batch, Event
 from dpstream.statistics.registry import statistic_for
 
 from ..wire.records import partition_for
-from .stage1_state import PartitionState, UserEntry
+from .stage1_state import PartitionEntry, UserEntry, redelivered
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +38,21 @@ _UNUSED: dict[str, int] = {}  # a new user's ``used``
 
 class Stage1:
     """Per-user contribution counts (on the original stream) and per-tick pre-aggregation:
-    the unit weights of the ``counting`` statistics (``pipeline.counting``), the
-    per-user and per-partition states of the others."""
+    the unit weights of the statistics with a ``bounding`` (``dpstream.statistics.bounding``),
+    the per-user and per-partition states of the others."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
         stats = [statistic_for(s, cfg) for s in cfg.statistics]
-        self._stats = [s.counting for s in stats if s.counting is not None]
-        self._columns = UnitColumns([s for s in self._stats if s.columnar])
+        self._stats = [s.bounding for s in stats if s.bounding is not None]
+        self._columns = UnitColumns([s for s in self._stats if isinstance(s, ColumnarBounding)])
         self._per_user = [s for s in self._stats if not s.columnar]
-        self._user_stats = [s for s in stats if s.counting is None]
+        self._user_stats = [s for s in stats if s.bounding is None]
         self._partitions = cfg.input.partitions
         self._indexes: dict[int, _ScanIndex] = {}  # per stage-1 partition
 
     def add_events(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         users: MutableMapping[str, UserEntry],
         events: Batch | list[Event],
         offset: int,
@@ -62,7 +62,7 @@ class Stage1:
         contribute to this tick's pending sums.
 
         The count and sum statistics advance over the whole record in numpy
-        (``counting.UnitColumns``); the other kinds per user. One table write per user
+        (``bounding.UnitColumns``); the other kinds per user. One table write per user
         per record, a ``UserEntry`` (units per stream slot so far, the record, the per-user
         kinds' weights from it, and the ``state``/``redo`` below).
 
@@ -85,7 +85,7 @@ class Stage1:
         batch = Batch.of(events)
         if not len(batch):
             return
-        in_pending = offset <= pstate["last_offset"]
+        in_pending = redelivered(pstate, offset)
         pending: dict[str, dict[str, int]] = pstate["pending"]
         user_ids, rows = batch.by_user()
         stored = [users.get(user_id) for user_id in user_ids]
@@ -138,21 +138,16 @@ class Stage1:
         a user who counts it as before; one whose entry has it and whose units the
         pending sums lost: the same units (the same record, cut by ``unseen`` against the
         same partition state, the one from before it), before them used - units; any
-        other user: none. An entry written before the count and sum kinds were counted
-        in numpy has their weights in ``kept`` (re-added from there). Never below 0:
-        ``used`` bounds what the user contributes from here on."""
-        names = {stat.name for stat in self._columns.stats}
-        keep = [
-            c or (r and e is not None and not names & e.get("kept", {}).keys())
-            for c, r, e in zip(counts, readds, stored, strict=True)
-        ]
+        other user: none. Never below 0: ``used`` bounds what the user contributes from
+        here on."""
+        keep = [c or (r and e is not None) for c, r, e in zip(counts, readds, stored, strict=True)]
         mask, counting = np.array(keep)[:, None], np.array(counts)[:, None]
         readded = np.maximum(before - units, 0)
         return np.where(counting, before, readded), np.where(mask, units, 0)
 
     def _add_per_user(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         stored: UserEntry | None,
         entry: UserEntry,
         events: list[Event],
@@ -184,7 +179,7 @@ class Stage1:
 
     def _apply_user_stats(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         stored: UserEntry | None,
         entry: UserEntry,
         events: list[Event],
@@ -208,7 +203,7 @@ class Stage1:
                 slots[stat.name] = slot
         entry["state"], entry["redo"] = states, redos
 
-    def _redo(self, pstate: PartitionState, redos: dict[str, Any], partition: int) -> None:
+    def _redo(self, pstate: PartitionEntry, redos: dict[str, Any], partition: int) -> None:
         if not redos:
             return
         slots = pstate.setdefault("stats", {})
@@ -218,7 +213,7 @@ class Stage1:
 
     def close_tick(
         self,
-        pstate: PartitionState,
+        pstate: PartitionEntry,
         partition: int,
         tick: int,
         users: Mapping[str, UserEntry] | None = None,
@@ -256,7 +251,7 @@ class Stage1:
         return reports
 
     def _index(
-        self, pstate: PartitionState, users: Mapping[str, UserEntry], partition: int
+        self, pstate: PartitionEntry, users: Mapping[str, UserEntry], partition: int
     ) -> _ScanIndex:
         """The partition's scan index, built from ``users`` when there is none for this
         partition state: a recovered or re-assigned partition's state is a new object
@@ -289,7 +284,7 @@ class _ScanIndex:
     missing a user is not, hence the rebuild whenever the state may have come from
     elsewhere."""
 
-    pstate: PartitionState
+    pstate: PartitionEntry
     """The partition state object it was built with and kept along."""
     users: dict[str, dict[str, int]]
     """Statistic -> user id -> scan order."""

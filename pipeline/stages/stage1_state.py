@@ -1,4 +1,4 @@
-"""Stage 1's states: one per events-topic partition (``PartitionState``) and one per user
+"""Stage 1's states: one per events-topic partition (``PartitionEntry``) and one per user
 of it (``UserEntry``).
 
 They are declared as ``TypedDict``s, not dataclasses with a codec like ``Stage2State``,
@@ -23,8 +23,9 @@ has no per-user kinds never stores ``stats``); a user entry always has ``used`` 
 from typing import Any, NotRequired, TypedDict
 
 
-class PartitionState(TypedDict):
-    """Stage 1's state of one events-topic partition (table key ``p:<partition>``),
+class PartitionEntry(TypedDict):
+    """Stage 1's state of one events-topic partition (table key ``p:<partition>``, beside
+    its users' ``UserEntry``; not the continual mean's ``PartitionState``),
     advanced in place by the driver, record by record."""
 
     last_offset: int
@@ -38,7 +39,8 @@ class PartitionState(TypedDict):
     """Per statistic counted by unit weights, the weights its users added in the open
     tick (the next report's ``weights``; keys: ``pipeline.counting``)."""
     sources: NotRequired[dict[str, list[int]]]
-    """Per source partition (``"<topic>:<partition>"``), the last position counted:
+    """Per source partition (``"<topic>/<partition>"``, ``records.source_id``), the last
+    position counted:
     [source offset, index in its record] (``Stage1Driver.unseen``)."""
     stats: NotRequired[dict[str, Any]]
     """Per statistic with per-user state, its partition state (the kind's JSON)."""
@@ -62,5 +64,11 @@ class UserEntry(TypedDict):
     (the kind's JSON), re-applied if the partition state lost it."""
 
 
-def new_partition_state() -> PartitionState:
+def new_partition_state() -> PartitionEntry:
     return {"last_offset": -1, "last_tick": None, "pending": {}}
+
+
+def redelivered(pstate: PartitionEntry, offset: int) -> bool:
+    """Whether record ``offset`` was applied before (a re-delivery: its outputs went out
+    the first time; a user entry that missed it is repaired, ``Stage1.add_events``)."""
+    return offset <= pstate["last_offset"]

@@ -11,28 +11,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
 from dpstream.operators import accounting
 from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import CachedNoise, NoiseSource, ScopedNoise
 from dpstream.statistics.contract import Report, Statistic
-from dpstream.statistics.registry import identity_parameters, statistic_for
+from dpstream.statistics.identity import identity_parameters
+from dpstream.statistics.registry import statistic_for
+from dpstream.statistics.releases import Identity, Records
 
 from .stage2_state import OFFLINE_RUN, Stage2State, StatisticIdentity, StatisticRun
 
 log = logging.getLogger(__name__)
-
-# 3: the default kind mean (whole-user mean) releases noisy samples, no exact counts.
-SCHEMA_VERSION = 3
-
-
-# The ledger's records. 4: every record names its app id and is authenticated (``mac``,
-# ``key_commitment``); statements carry runs, sources and the user id field; a statistic's
-# first entry is ``"event": "start"`` with its run (docs/design.md section 4a).
-LEDGER_SCHEMA_VERSION = 4
 
 
 class StatisticChanged(DpStreamError):
@@ -64,8 +56,7 @@ class Stage2:
         # Keyed noise is deterministic per node, so remembering live nodes is safe.
         self._noise = CachedNoise(noise, maxsize=1 << 14)
         self._partitions = partitions
-        self._stats = {s.name: s for s in cfg.statistics}
-        self._counters: dict[str, Statistic] = {
+        self._statistics: dict[str, Statistic] = {
             s.name: statistic_for(s, cfg) for s in cfg.statistics
         }
         self._params = {s.name: identity_parameters(s, cfg) for s in cfg.statistics}
@@ -73,8 +64,8 @@ class Stage2:
             name: accounting.fingerprint(params) for name, params in self._params.items()
         }
         self._runs = {s.name: (runs or {}).get(s.name, OFFLINE_RUN) for s in cfg.statistics}
-        statement = cfg.privacy_statement()
-        self._charges = {c.statistic: c for c in statement.charges}
+        charges = {c.statistic: c for c in cfg.privacy_statement().charges}
+        self._records = Records(cfg, self._statistics, charges)
 
     def _check_identity(self, state: Stage2State, name: str) -> None:
         """Refuse a state this worker must not continue: another run's (its state lost
@@ -164,11 +155,11 @@ class Stage2:
             return [], []  # re-delivered report: already counted
         state.first.setdefault(report.partition, report.from_tick)
         state.reported[report.partition] = report.tick
-        counter = self._counters[name]
-        for tick, part in counter.parts(report):
+        statistic = self._statistics[name]
+        for tick, part in statistic.parts(report):
             at = min(max(tick, report.from_tick), report.tick)
             old = state.pending.get(at)
-            state.pending[at] = part if old is None else counter.merge(old, part)
+            state.pending[at] = part if old is None else statistic.merge(old, part)
         if len(state.reported) < self._partitions:
             return [], []
         origin = min(state.first.values())
@@ -177,130 +168,36 @@ class Stage2:
         releases, ledger = [], []
         for tick in range(start, upto + 1):
             if state.last_closed is None:
-                state.identity = self._new_identity(name, tick)
-                ledger.append(self._first_ledger_entry(name, state.identity))
+                identity = state.identity = self._new_identity(name, tick)
+                ledger.append(
+                    self._records.start(name, Identity(identity.fingerprint, identity.run_id, tick))
+                )
             pending = state.pending.pop(tick, None)
             state.last_closed = tick
             if state.exhausted is not None:
                 continue  # its budget is spent: nothing more is released, ever
-            if self._budget_spent_before(name, tick - origin + 1):
+            lifetime = statistic.lifetime_steps
+            if lifetime is not None and tick - origin + 1 > lifetime:
                 state.exhausted = tick
-                releases.append(self._exhausted_marker(name, tick))
-                ledger.append(self._exhausted_entry(name, tick))
+                release, entry = self._records.exhausted(name, tick)
+                releases.append(release)
+                ledger.append(entry)
                 continue
             out, entries = self._advance(state, name, tick, pending)
             releases.extend(out)
             ledger.extend(entries)
         return releases, ledger
 
-    def _budget_spent_before(self, name: str, step: int) -> bool:
-        """An expiring statistic is charged epsilon * g(horizon_ticks) (config/schema.py):
-        a release at a later step would let its oldest item lose more than that."""
-        stat = self._stats[name]
-        return stat.mechanism == "expiring" and step > (stat.horizon_ticks or step)
-
-    def _exhausted_marker(self, name: str, tick: int) -> dict:
-        stat = self._stats[name]
-        log.warning(
-            "statistic %s: lifetime budget spent at tick %s (horizon_ticks=%s); "
-            "no further releases",
-            name,
-            tick,
-            stat.horizon_ticks,
-        )
-        fields = {
-            "exhausted": True,
-            "value": None,
-            "note": "lifetime budget spent: this statistic releases nothing more",
-        }
-        return self._release_record(stat, tick, fields)
-
-    def _exhausted_entry(self, name: str, tick: int) -> dict:
-        fields = {
-            "event": "exhausted",
-            "epsilon_spent": float(self._charges[name].epsilon),
-            "horizon_ticks": self._stats[name].horizon_ticks,
-        }
-        return self._ledger_record(name, tick, fields)
-
     def _advance(
         self, state: Stage2State, name: str, tick: int, pending: Any
     ) -> tuple[list[dict], list[dict]]:
         """One closed tick: (releases, ledger entries). ``pending`` is the tick's merged
         parts (None or empty when nothing came)."""
-        counter, stat = self._counters[name], self._stats[name]
         assert state.identity is not None  # set when the first tick closed
         noise = self._noise_of(state.identity, name)
-        step = counter.step(state.tree, pending or None, tick, noise)
-        state.tree = step.state
+        step = self._statistics[name].step(state.statistic_state, pending or None, tick, noise)
+        state.statistic_state = step.state
         return (
-            [self._release_record(stat, tick, fields) for fields in step.releases],
-            [self._ledger_record(name, tick, fields) for fields in step.ledger],
+            [self._records.release(name, tick, fields) for fields in step.releases],
+            [self._records.ledger(name, tick, fields) for fields in step.ledger],
         )
-
-    def _tick_end(self, tick: int) -> float:
-        return (tick + 1) * self._cfg.ticks.interval_seconds
-
-    def _release_record(self, stat: StatisticConfig, tick: int, fields: dict) -> dict:
-        """Every release of every statistic: the common fields around the kind's."""
-        end = self._tick_end(tick)
-        record = {
-            "schema_version": SCHEMA_VERSION,
-            "statistic": stat.name,
-            "kind": stat.kind,
-            "tick": tick,
-            "tick_end": datetime.fromtimestamp(end, UTC).isoformat(),
-            "tick_end_unix": end,
-            **fields,
-            "confidence": 0.95,
-            "epsilon": stat.epsilon,
-            "neighbours": self._neighbours(stat.name),
-            "mechanism": self._counters[stat.name].mechanism,
-        }
-        if self._cfg.privacy.public_counts:
-            record["public_counts"] = True  # the statement: counts are not protected
-        if self._cfg.noise.mode.value != "keyed":
-            record["insecure"] = self._cfg.noise.mode.value
-        return record
-
-    def _neighbours(self, name: str) -> str:
-        """The neighbouring relation the statistic's guarantee is stated for."""
-        return self._counters[name].neighbours or self._cfg.privacy.neighbours.value
-
-    def _ledger_record(self, name: str, tick: int, fields: dict[str, Any]) -> dict:
-        """A ledger entry of a statistic after its first: the common fields around the
-        entry's own (an expenditure, the budget spent)."""
-        return {
-            "schema_version": LEDGER_SCHEMA_VERSION,
-            "app_id": self._cfg.app_id,
-            "statistic": name,
-            "tick": tick,
-            **fields,
-            "total_epsilon": self._cfg.privacy.total_epsilon,
-        }
-
-    def _first_ledger_entry(self, name: str, identity: StatisticIdentity) -> dict:
-        """The statistic's first ledger entry, at its first closed tick: what it charges
-        and its identity (the run's start, which the worker checks a recreated state
-        against), completed by the kind (``Statistic.ledger_start``)."""
-        stat = self._stats[name]
-        counter = self._counters[name]
-        entry = {
-            "schema_version": LEDGER_SCHEMA_VERSION,
-            "app_id": self._cfg.app_id,
-            "event": "start",
-            "statistic": name,
-            "instance": 0,
-            "tick": identity.start_tick,
-            "epsilon": stat.epsilon,
-            "mechanism": counter.mechanism,
-            "tau": stat.tau,
-            "neighbours": self._neighbours(name),
-            "note": "whole infinite stream (parallel composition over periods)",
-            "total_epsilon": self._cfg.privacy.total_epsilon,
-            "charged": float(self._charges[name].epsilon),
-            "fingerprint": identity.fingerprint,
-            "run_id": identity.run_id,
-            "start_tick": identity.start_tick,
-        }
-        return counter.ledger_start(entry)

@@ -72,6 +72,10 @@ OFFLINE_RUN = StatisticRun("offline", None)
 noise under it is not the pipeline's (docs/security.md)."""
 
 
+# 2: the kind's state is stored as "statistic_state" (it was "tree", whatever the kind).
+VERSION = 2
+
+
 @dataclass(slots=True)
 class Stage2State:
     """One statistic's tick barrier and mechanism state.
@@ -92,7 +96,7 @@ class Stage2State:
     pending: dict[int, Any] = field(default_factory=dict)
     """Tick -> the merged parts of the partitions that reported it (``Statistic.merge``)."""
     last_closed: int | None = None
-    tree: Any = None
+    statistic_state: Any = None
     """The kind's own state (plain JSON, ``Step.state``), once the first tick closes."""
     identity: StatisticIdentity | None = None
     offsets: dict[int, int] = field(default_factory=dict)
@@ -110,11 +114,12 @@ class Stage2State:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "version": VERSION,
             "reported": _string_keys(self.reported),
             "first": _string_keys(self.first),
             "pending": _string_keys(self.pending),
             "last_closed": self.last_closed,
-            "tree": self.tree,
+            "statistic_state": self.statistic_state,
             "identity": None if self.identity is None else self.identity.to_json(),
             "offsets": _string_keys(self.offsets),
             "held": {"releases": self.held_releases, "ledger": self.held_ledger},
@@ -126,14 +131,19 @@ class Stage2State:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Stage2State:
+        """The state stored as ``to_json``, version 2, or as version 1 (no ``version``
+        key: the kind's state was stored as ``tree``)."""
         identity = data["identity"]
         held = data["held"]
+        version = data.get("version", 1)
+        if version not in (1, VERSION):
+            raise ValueError(f"stage 2 state version {version} (this dpstream reads 1 and 2)")
         return cls(
             reported=_int_keys(data["reported"]),
             first=_int_keys(data["first"]),
             pending=_int_keys(data["pending"]),
             last_closed=data["last_closed"],
-            tree=data["tree"],
+            statistic_state=data["tree" if version == 1 else "statistic_state"],
             identity=None if identity is None else StatisticIdentity.from_json(identity),
             offsets=_int_keys(data["offsets"]),
             exhausted=data.get("exhausted"),

@@ -39,13 +39,21 @@ def resolve_bootstrap(arg: str | None) -> str:
     )
 
 
+PASSWORD_ENV = "DPSTREAM_KAFKA_PASSWORD"  # noqa: S105 - a variable name, not a password
+"""The variable `dpstream broker start --secure` tells users to put the password in."""
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
-    from dpstream.deploy import broker
+    from dpstream.deploy import broker, secure_broker
 
     if args.action == "fetch":
         print(broker.fetch_jars())
+    elif args.action == "start" and args.secure:
+        print(secured_broker_start())
     elif args.action == "start":
         info = broker.start_detached()
+        if secure_broker.is_secure(Path(info["data_dir"])):
+            raise DpStreamError("a secured broker is running: `dpstream broker stop` it first")
         print(f"Kafka broker running at {info['bootstrap']}")
         print(f"  export KAFKA_BOOTSTRAP_SERVERS={info['bootstrap']}")
     elif args.action == "stop":
@@ -60,6 +68,95 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def secured_broker_start() -> str:
+    """Start (or find) the local secured broker; what a user needs to reach it."""
+    import yaml
+
+    from dpstream.deploy import broker, secure_broker
+
+    def start(timeout: float) -> broker.LocalKafka:
+        return secure_broker.SecureKafka.start(timeout=max(timeout, 90.0)).node
+
+    info = broker.start_detached(start=start)
+    node = broker.running_detached()
+    if node is None or not secure_broker.is_secure(node.data_dir):
+        raise DpStreamError("a plain broker is running: `dpstream broker stop` it first")
+    secured = secure_broker.SecureKafka.found_in(node)
+    users = ", ".join(secure_broker.USERS)
+    sasl = secured.kafka_section(password_env=PASSWORD_ENV)
+    mtls = secured.kafka_section(listener="SSL")
+    return "\n".join(
+        [
+            f"Kafka broker (secured) {'already ' if info['already_running'] else ''}running",
+            f"  SASL_SSL, {secure_broker.MECHANISM}, users {users}: {secured.sasl_bootstrap}",
+            f"  SSL with client certificates (mutual TLS), the same users: {secured.ssl_bootstrap}",
+            "  the users may do nothing until ACLs grant it: dpstream acls --config FILE --apply",
+            "",
+            f"export KAFKA_BOOTSTRAP_SERVERS={secured.sasl_bootstrap}",
+            f'export {PASSWORD_ENV}="$(cat {secured.password_file("dpstream")})"',
+            "",
+            "# the pipeline config's kafka: section (SASL_SSL, user dpstream)",
+            yaml.safe_dump({"kafka": sasl}, sort_keys=False).rstrip(),
+            f"# or over mutual TLS (bootstrap {secured.ssl_bootstrap})",
+            yaml.safe_dump({"kafka": mtls}, sort_keys=False).rstrip(),
+        ]
+    )
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from dpstream.deploy import broker, secure_broker
+
+    from ..kafka.acls import Principals, all_args, script
+
+    cfg = load_config(args.config)
+    principals = Principals(args.worker, args.reader or None, args.producer or None)
+    if not args.apply:
+        print(script(cfg, principals), end="")
+        return 0
+    node = broker.running_detached()
+    if node is None or not secure_broker.is_secure(node.data_dir):
+        raise DpStreamError(
+            "--apply needs the local secured broker: dpstream broker start --secure"
+        )
+    secured = secure_broker.SecureKafka.found_in(node)
+    commands = all_args(cfg, principals)
+    for argv in commands:
+        secured.kafka_acls(argv)
+    print(f"granted {len(commands)} ACL commands on the secured broker {secured.sasl_bootstrap}")
+    return 0
+
+
+def connected(cfg: PipelineConfig, arg: str | None) -> str:
+    """The bootstrap servers (:func:`resolve_bootstrap`), once a connection with the
+    config's ``kafka:`` settings worked: a refused one stops here, naming the setting."""
+    from ..kafka.security import check_connection
+
+    bootstrap = resolve_bootstrap(arg)
+    check_connection(cfg.kafka, bootstrap)
+    return bootstrap
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    from dpstream.deploy import registry
+
+    if args.action == "fetch":
+        print(registry.fetch_registry())
+    elif args.action == "start":
+        info = registry.start_detached()
+        print(f"Schema Registry running at {info['url']}")
+        print(f"  export {registry.URL_ENV}={info['url']}")
+    elif args.action == "stop":
+        print("stopped" if registry.stop_detached() else "no local Schema Registry was running")
+    else:
+        status = registry.status_detached()
+        if not status:
+            print("no local Schema Registry")
+            return 1
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+        return 0 if status["alive"] else 1
+    return 0
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from dpstream.statistics.registry import describe
 
@@ -67,7 +164,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     statement = cfg.privacy_statement()
     print(f"{args.file}: OK")
     print(
-        f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
+        f"  source {', '.join(cfg.input.topics)} ({_format_line(cfg)}, "
+        f"user id: {cfg.input.user_id_field}), "
         f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
         f"tick {cfg.ticks.interval_seconds:g}s (released {cfg.ticks.release_delay:g}s after its "
         f"end), noise {cfg.noise.mode.value}"
@@ -77,6 +175,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for line in statement.describe():
         print(f"  {line}")
     return 0
+
+
+def _format_line(cfg: PipelineConfig) -> str:
+    registry = cfg.input.schema_registry
+    if registry is None:
+        return cfg.input.format
+    return f"{cfg.input.format}, schemas from {registry.url}"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -91,7 +196,14 @@ def run_worker(
     ``EXIT_STOPPED_UNFLUSHED`` when its ingest could not flush (the stop bound itself
     ends the process with that status: ``lifecycle.Worker``)."""
     from ..ingest.consumer import IngestHandle
-    from ..kafka.topics import changelog_topics, ensure_topics, missing_topics
+    from ..kafka.security import check_connection
+    from ..kafka.topics import (
+        adopt_former_worker_offsets,
+        changelog_topics,
+        ensure_topics,
+        missing_topics,
+        replication,
+    )
     from ..worker.app import create_app
     from ..worker.exits import EXIT_STOPPED_UNFLUSHED
     from ..worker.keys import load_key
@@ -99,6 +211,8 @@ def run_worker(
     from ..worker.lifecycle import Worker
 
     key = load_key(cfg)  # before anything else: no key, no start
+    # A refused password or certificate stops here, with one message naming the setting.
+    brokers = check_connection(cfg.kafka, bootstrap)
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
@@ -107,11 +221,13 @@ def run_worker(
     # state; the statement (and each statistic's run) goes to the ledger.
     plan = record_statement(cfg, bootstrap, key, lost_state=lost)
     ensure_topics(cfg, bootstrap)
+    adopt_former_worker_offsets(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
     status: object = 0
     try:
-        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs)
+        replicas, _ = replication(brokers)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
         worker = Worker(app, ingest=handle, loglevel=loglevel, quiet=True, override_logging=True)
         worker.execute_from_commandline()
     except SystemExit as exc:  # how Faust's worker ends, 0 after a clean stop
@@ -131,7 +247,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from ..worker.exits import EXIT_STOPPED_UNFLUSHED
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
-    cfg, bootstrap = load_config(args.config), resolve_bootstrap(args.bootstrap)
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
     # An ingest configured for another partition count would route users to partitions
     # whose stage 1 does not own them: refused here, before it reads anything.
     ensure_ingest_topics(cfg, bootstrap)
@@ -146,7 +263,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
     from ..ingest.consumer import source_lag
 
     cfg = load_config(args.config)
-    lags = source_lag(cfg, resolve_bootstrap(args.bootstrap))
+    lags = source_lag(cfg, connected(cfg, args.bootstrap))
     for name, row in lags.items():
         print(f"{name}\tcommitted={row['committed']}\tend={row['end']}\tlag={row['lag']}")
     print(f"total lag: {sum(row['lag'] for row in lags.values())}")
@@ -169,32 +286,56 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from .synthetic import synthetic_events
 
     cfg = load_config(args.config)
-    bootstrap = resolve_bootstrap(args.bootstrap)
-    ensure_topics(cfg, bootstrap)
     if args.events:
         events = list(_jsonl(args.events))
     else:
         events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
+    serialize = _serializer(args, cfg, events)  # a wrong flag stops before Kafka is asked
+    bootstrap = connected(cfg, args.bootstrap)
+    # The source topics only: a producer needs no right on dpstream's own.
+    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
     producer = make_producer(bootstrap, cfg.kafka)
     chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
     sent = 0
     start = time.monotonic()
     for i in range(0, len(events), chunk):
-        sent += produce_events(producer, cfg, events[i : i + chunk], batch=args.batch)
+        sent += produce_events(
+            producer, cfg, events[i : i + chunk], batch=args.batch, serialize=serialize
+        )
         if args.rate:
             time.sleep(max(0.0, start + sent / args.rate - time.monotonic()))
     producer.flush(30)
-    print(f"produced {sent} events to {cfg.input.topics[0]}")
+    fmt = args.format or cfg.input.format
+    print(f"produced {sent} events to {cfg.input.topics[0]} ({fmt})")
     return 0
+
+
+def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict]):
+    """The record value of an event for ``--format`` (default: the config's
+    ``input.format``)."""
+    fmt = args.format or cfg.input.format
+    if fmt == "json":
+        if args.schema:
+            raise ConfigError("--schema: only applies to --format avro")
+        return orjson.dumps
+    if fmt != "avro":
+        raise ConfigError(f"--format: produce writes json or avro, not {fmt}")
+    if args.batch > 1:
+        raise ConfigError("--batch: batch envelopes are JSON only")
+    from .avro_events import avro_serializer
+
+    return avro_serializer(cfg, events, Path(args.schema) if args.schema else None)
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
     from ..kafka.clients import read_releases
+    from ..kafka.topics import group_id
 
     cfg = load_config(args.config)
     consumer = read_releases(
-        resolve_bootstrap(args.bootstrap),
+        connected(cfg, args.bootstrap),
         cfg.release_topic(args.statistic),
+        group=group_id(cfg.app_id, f"tail-{args.statistic}"),
         from_beginning=args.from_beginning,
         security=cfg.kafka,
     )
@@ -243,7 +384,7 @@ def cmd_export_log(args: argparse.Namespace) -> int:
         key = None
     out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
     try:
-        for line in export_log(cfg, resolve_bootstrap(args.bootstrap), key):
+        for line in export_log(cfg, connected(cfg, args.bootstrap), key):
             out.write(line + b"\n")
     finally:
         if args.out:
@@ -256,7 +397,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from ..worker.ledger import history_of, plan, read_records, record_statement, runs_of
 
     cfg = load_config(args.config)
-    bootstrap = resolve_bootstrap(args.bootstrap)
+    bootstrap = connected(cfg, args.bootstrap)
     key = load_key(cfg)
     if args.charge_again:
         adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
@@ -288,7 +429,13 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(duration=args.duration, users=args.users, rate=args.rate, out=Path(args.out))
+    return run_demo(
+        duration=args.duration,
+        users=args.users,
+        rate=args.rate,
+        out=Path(args.out),
+        fmt=args.format,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,7 +452,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="local Apache Kafka (KRaft) broker from Kafka's jars")
     p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: SASL_SSL (SCRAM) and mutual TLS listeners, ACLs enforced",
+    )
     p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("acls", help="the Kafka ACLs a pipeline needs, as kafka-acls commands")
+    p.add_argument("--config", required=True, help="pipeline definition (YAML)")
+    p.add_argument("--worker", default="User:dpstream", help="the worker's principal")
+    p.add_argument("--reader", default="User:reader", help="a release reader ('' for none)")
+    p.add_argument("--producer", default="User:producer", help="a source producer ('' for none)")
+    p.add_argument("--apply", action="store_true", help="grant them on the local secured broker")
+    p.set_defaults(func=cmd_acls)
+    p = sub.add_parser(
+        "registry", help="local Schema Registry (Apicurio, Confluent's API) from Maven Central"
+    )
+    p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.set_defaults(func=cmd_registry)
 
     p = sub.add_parser("check-config", help="validate a pipeline definition")
     p.add_argument("file")
@@ -336,6 +501,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=0, help="events per second (0: as fast as possible)"
     )
     p.add_argument("--batch", type=int, default=1, help="events per batch envelope (1: none)")
+    p.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        help="record values in JSON or Avro through input.schema_registry "
+        "(default: the config's input.format)",
+    )
+    p.add_argument(
+        "--schema", help="Avro schema file (.avsc; default: made from the events' fields)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_produce)
 
@@ -376,6 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=int, default=2000)
     p.add_argument("--rate", type=float, default=300.0, help="events per second")
     p.add_argument("--out", default="demo-out", help="folder for the plot and logs")
+    p.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        default="json",
+        help="avro: produce through a local Schema Registry (Apicurio, from Maven Central)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -16,7 +16,7 @@ import orjson
 
 from dpstream.config.schema import PipelineConfig
 
-from ..kafka.clients import read_topic
+from ..kafka.clients import read_topic, tools_group
 from ..stages.drivers import Stage1Driver
 from ..stages.stage1_state import new_partition_state
 from ..wire.records import (
@@ -58,7 +58,9 @@ def _export_lines(cfg: PipelineConfig, bootstrap: str, header: dict) -> Iterator
     yield orjson.dumps(header)
     partitions = cfg.input.partitions
     driver = Stage1Driver(cfg)
-    per_partition = read_topic(bootstrap, cfg.events_topic, partitions, security=cfg.kafka)
+    per_partition = read_topic(
+        bootstrap, cfg.events_topic, partitions, security=cfg.kafka, group=tools_group(cfg)
+    )
     ticks: list[dict[int, list[dict]]] = []  # per partition: tick -> counted events
     firsts: list[int] = []
     lasts: list[int] = []

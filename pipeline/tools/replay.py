@@ -24,13 +24,18 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import NoiseSource
-from dpstream.statistics.events import Event
 
-from ..stages.drivers import Rejected, Stage1Driver, Stage2Driver
+from ..ingest.route import SourceRecord, route
+from ..stages.drivers import (
+    InputRecord,
+    Stage1Driver,
+    Stage1Outcome,
+    Stage2Driver,
+    Stage2Outcome,
+)
 from ..stages.stage1_state import UserEntry, new_partition_state
-from ..stages.stage2 import Stage2
-from ..stages.stage2_state import StatisticRun
-from ..wire.records import BATCH, BadRecord, decode_events, limits_for, partition_for
+from ..stages.stage2_state import Stage2State, StatisticRun
+from ..wire.records import BATCH, ENVELOPE, HEADER, RELEASE, TICK, limits_for, partition_for
 from ..worker.keys import PipelineKey
 from ..worker.ledger import LOG_HEADER
 from .export import LOG_MAC
@@ -45,12 +50,15 @@ def replay(
 ) -> Iterator[dict]:
     """Yield every release (in order) that the pipeline would publish for this log.
 
-    The worker's drivers (``drivers.py``) over the log: line numbers are the offsets,
-    every partition sees every marker, and each line's events go to their users'
-    partitions, as the ingest routes them. Each marker's release marker follows its
-    reports: when a tick is released changes when it is published, never what it holds.
-    The statistics' runs are ``runs``, else the log header's (``export.py``), else
-    ``OFFLINE_RUN``'s."""
+    The worker's code over the log: each line is a source record the ingest routes
+    (``ingest.route``: its validation and dead letters, its envelopes by user), and the
+    envelopes and tick markers are records of the events topic's partitions that the
+    stage-1 driver handles, its reports and the release markers records of the stage-2
+    topic's partitions that the stage-2 driver handles (``stages.drivers``: dedupe, dead
+    letters and all). Every partition sees every marker; each marker's release marker
+    follows its reports (when a tick is released changes when it is published, never what
+    it holds). ``rejected`` gets (line, index, reason) of each dead letter. The statistics'
+    runs are ``runs``, else the log header's (``export.py``), else ``OFFLINE_RUN``'s."""
     lines = iter(lines)
     first = next(lines, b"")
     header = _header(first)
@@ -58,15 +66,7 @@ def replay(
         lines = itertools.chain([first], lines)
     elif runs is None:
         runs = runs_of_header(header)
-    # The input's partitions, as in the worker: a continual mean splits its user cap
-    # and packs its median arrays per partition (every other kind merely adds up).
-    partitions = cfg.input.partitions
-    driver1, driver2 = Stage1Driver(cfg), Stage2Driver(cfg, noise, partitions, runs)
-    limits = dataclasses.replace(limits_for(cfg), user_id_path=("user_id",))
-    users: dict[str, UserEntry] = {}
-    pstates = [new_partition_state() for _ in range(partitions)]
-    sstates = {s.name: Stage2.new_state() for s in cfg.statistics}
-    sent = 0  # the stage-2 topic's offsets: one report after another, no holes
+    topics = _Topics(cfg, noise, runs)
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
@@ -78,33 +78,76 @@ def replay(
         if isinstance(obj, dict) and LOG_MAC in obj:
             continue  # the trailer (``replay_file`` checks it)
         if isinstance(obj, dict) and "tick" in obj and "user_id" not in obj:
-            for p, pstate in enumerate(pstates):
-                reports, bad = driver1.on_marker(pstate, users, p, line, None)
-                driver1.done(pstate, lineno)
-                if p == 0 and rejected is not None:
-                    rejected.extend((lineno, index or 0, reason) for index, reason in bad)
-                for report in reports:
-                    driver2.on_report(sstates[report.statistic], report, sent)
-                    sent += 1
-            if not bad:  # the marker's release marker: what it closed, at its deadline
-                tick = obj["tick"]
-                for sstate in sstates.values():
-                    yield from driver2.on_release(sstate, tick)[0]
-            continue
-        dead: list[Rejected]
-        try:
-            events, found = decode_events(line, BATCH if isinstance(obj, list) else None, limits)
-            dead = list(found)
-        except BadRecord as exc:
-            events, dead = [], [(None, exc.reason)]
-        by_partition: dict[int, list[Event]] = {}
-        for event in events:
-            by_partition.setdefault(partition_for(event.user_id, partitions), []).append(event)
-        for p, pstate in enumerate(pstates):
-            out = driver1.on_events(pstate, users, p, lineno, by_partition.get(p, []), dead)
-            if p == 0 and rejected is not None:  # the line's dead letters, once
-                rejected.extend((lineno, index or 0, reason) for index, reason in out)
-            driver1.done(pstate, lineno)
+            yield from topics.marker(line, lineno, rejected)
+        else:
+            topics.source_record(line, isinstance(obj, list), lineno, rejected)
+
+
+class _Topics:
+    """Replay's events and stage-2 topics: each partition's offsets, stage 1's states per
+    partition and stage 2's per statistic, and the drivers over them."""
+
+    def __init__(
+        self, cfg: PipelineConfig, noise: NoiseSource, runs: Mapping[str, StatisticRun] | None
+    ) -> None:
+        # The input's partitions, as in the worker: a continual mean splits its user cap
+        # and packs its median arrays per partition (every other kind merely adds up).
+        self.partitions = cfg.input.partitions
+        # The log names users "user_id", whatever the config reads (export's form).
+        self.limits = dataclasses.replace(limits_for(cfg), user_id_path=("user_id",))
+        self.stage1 = Stage1Driver(cfg, self.limits)
+        self.stage2 = Stage2Driver(cfg, noise, self.partitions, runs)
+        self.users: dict[str, UserEntry] = {}
+        self.pstates = [new_partition_state() for _ in range(self.partitions)]
+        self.states: dict[str, Stage2State] = {}
+        self.offsets = {"events": [0] * self.partitions, "stage2": [0] * self.partitions}
+
+    def _next(self, topic: str, partition: int) -> int:
+        offset = self.offsets[topic][partition]
+        self.offsets[topic][partition] = offset + 1
+        return offset
+
+    def source_record(self, line: bytes, batch: bool, lineno: int, rejected: list | None) -> None:
+        """One line as a source record: routed, its envelopes handled by stage 1."""
+        record = SourceRecord("replay", 0, lineno, [(HEADER, BATCH)] if batch else None, line)
+        routed = route([record], self.limits, self.partitions)
+        if rejected is not None:
+            for letter in routed.dead_letters:
+                dead = orjson.loads(letter)
+                rejected.append((lineno, dead["index"] or 0, dead["reason"]))
+        for partition, value in routed.envelopes:
+            self._stage1(partition, [(HEADER, ENVELOPE)], value)
+
+    def marker(self, line: bytes, lineno: int, rejected: list | None) -> Iterator[dict]:
+        """A tick marker in every events partition, its reports to stage 2, then its
+        release marker in every stage-2 partition: the releases it publishes."""
+        bad = False
+        for partition in range(self.partitions):
+            outcome = self._stage1(partition, [(HEADER, TICK)], line)
+            bad = bad or bool(outcome.reasons)
+            if partition == 0 and rejected is not None:
+                rejected.extend((lineno, 0, reason) for reason in outcome.reasons)
+            for report in outcome.reports:
+                at = partition_for(report.statistic, self.partitions)
+                self._stage2(at, None, orjson.dumps(report.to_json()))
+        if bad:
+            return
+        for partition in range(self.partitions):
+            published = self._stage2(partition, [(HEADER, RELEASE)], line)
+            yield from (release for _, release in published.releases)
+
+    def _stage1(self, partition: int, headers: list, value: bytes) -> Stage1Outcome:
+        pstate = self.pstates[partition]
+        record = InputRecord(partition, self._next("events", partition), headers, value)
+        outcome = self.stage1.handle(pstate, self.users, record)
+        self.stage1.done(pstate, record.offset)
+        return outcome
+
+    def _stage2(self, partition: int, headers: list | None, value: bytes) -> Stage2Outcome:
+        record = InputRecord(partition, self._next("stage2", partition), headers, value)
+        outcome = self.stage2.handle(record, self.states.get)
+        self.states.update(outcome.states)
+        return outcome
 
 
 def _header(line: bytes) -> dict | None:

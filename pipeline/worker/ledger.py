@@ -39,10 +39,10 @@ from confluent_kafka import KafkaException
 
 from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
-from dpstream.statistics.registry import identity_parameters
+from dpstream.statistics.identity import identity_parameters
+from dpstream.statistics.releases import LEDGER_SCHEMA_VERSION
 
-from ..kafka.clients import make_producer, read_topic
-from ..stages.stage2 import LEDGER_SCHEMA_VERSION
+from ..kafka.clients import make_producer, read_topic, tools_group
 from ..stages.stage2_state import StatisticRun
 from .keys import PipelineKey
 
@@ -90,7 +90,9 @@ def read_records(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            records = read_topic(bootstrap, cfg.outputs.ledger_topic, 1, security=cfg.kafka)
+            records = read_topic(
+                bootstrap, cfg.outputs.ledger_topic, 1, security=cfg.kafka, group=tools_group(cfg)
+            )
             break
         except KafkaException:
             # A topic created a moment ago may have no leader yet (NOT_LEADER, UNKNOWN).

@@ -136,9 +136,11 @@ def pipeline_config(noise: dict) -> dict:
 
 class TopicReader:
     """Reads a single-partition topic from its start, keeping every record in order, with
-    its Kafka timestamp (ms) and when this reader received it (``time.time()``)."""
+    its Kafka timestamp (ms) and when this reader received it (``time.time()``)
+    (``client``: librdkafka settings to add, e.g. a secured broker's and a group its
+    ACLs cover)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, client: dict | None = None) -> None:
         self.records: list[bytes] = []
         self.timestamps: list[int] = []
         self.seen: list[float] = []
@@ -148,6 +150,7 @@ class TopicReader:
                 "group.id": "t-reader",
                 "enable.auto.commit": False,
                 "log_level": 0,
+                **(client or {}),
             }
         )
         self._consumer.assign([TopicPartition(topic, 0, 0)])
@@ -187,11 +190,15 @@ class TopicReader:
         self._consumer.close()
 
 
-def readers(bootstrap: str, worker: WorkerProcess) -> dict[str, TopicReader]:
+def readers(
+    bootstrap: str, worker: WorkerProcess, client: dict | None = None
+) -> dict[str, TopicReader]:
     cfg = worker.cfg
-    out = {s.name: TopicReader(bootstrap, cfg.release_topic(s.name)) for s in cfg.statistics}
-    out["_dead"] = TopicReader(bootstrap, cfg.outputs.dead_letter_topic)
-    out["_ledger"] = TopicReader(bootstrap, cfg.outputs.ledger_topic)
+    out = {
+        s.name: TopicReader(bootstrap, cfg.release_topic(s.name), client) for s in cfg.statistics
+    }
+    out["_dead"] = TopicReader(bootstrap, cfg.outputs.dead_letter_topic, client)
+    out["_ledger"] = TopicReader(bootstrap, cfg.outputs.ledger_topic, client)
     return out
 
 

@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, TopicPartition
 from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
-from dpstream.pipeline.kafka.topics import changelog_topics
+from dpstream.pipeline.kafka.topics import changelog_topics, group_id
 from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.wire.records import partition_for
 from dpstream.pipeline.worker.exits import EXIT_INTERNAL_ERROR
@@ -595,7 +595,7 @@ def test_a_table_recovery_that_receives_no_records_is_sought_again_or_stops(
 
 FAIL_HOOK = """
 import os
-from dpstream.pipeline import drivers
+from dpstream.pipeline.stages import drivers
 
 _STAGE = os.environ["DPSTREAM_TEST_FAIL_STAGE"]
 _FLAG = os.environ["DPSTREAM_TEST_FAIL_FLAG"]
@@ -687,7 +687,8 @@ def test_an_internal_error_in_an_agent_stops_the_worker_and_the_record_is_read_a
         assert line, first.log_tail()
         partition, offset, injected = (int(g) for g in line.groups())
         assert offset == injected
-        assert committed_offset(bootstrap, cfg.app_id, topic, partition) <= offset
+        worker_group = group_id(cfg.app_id, "worker")
+        assert committed_offset(bootstrap, worker_group, topic, partition) <= offset
         restarted = lives.restart()
         wait_for_progress(lives, rd, restarted)
 

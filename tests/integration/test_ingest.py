@@ -64,7 +64,7 @@ import os
 import time
 from pathlib import Path
 
-from dpstream.pipeline import ingest
+from dpstream.pipeline.ingest import consumer as ingest
 
 _commit = ingest.Ingest._commit
 _FREEZE = Path(os.environ["DPSTREAM_TEST_FREEZE"])

@@ -6,7 +6,8 @@ since each piece reaches past a public API:
 
 * ``transport``: the worker's Kafka transport, Faust's aiokafka one with its consumer's
   seek to committed offsets and its consumer thread's fetch fixed for dpstream's own app
-  (no process-wide patch).
+  (no process-wide patch), and its consumer group named ``<app_id>-worker`` (Faust's is
+  the app id) like every group of dpstream.
 * ``internals``: what ``pipeline/worker/changelog.py`` needs of a Faust app and table: the
   aiokafka producer, the memory store's dicts, and a producer flush that sends
   dpstream's changelog windows first.

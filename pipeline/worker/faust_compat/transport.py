@@ -57,6 +57,8 @@ from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from ...kafka.topics import group_id
+
 SCHEME = "dpstream-kafka"
 """Broker URLs ``dpstream-kafka://host:port`` select :class:`Transport`."""
 
@@ -125,6 +127,9 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport: Any) -> AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
+        # Faust's group id is the app id; dpstream's groups all start with "<app_id>-", so
+        # that one prefixed ACL covers them (pipeline/topics.py). aiokafka reads it at start.
+        consumer._group_id = group_id(self.app.conf.id, "worker")
         tables = self.app.tables
 
         async def seek_to_committed(*partitions: Any) -> dict:

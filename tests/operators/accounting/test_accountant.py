@@ -17,17 +17,21 @@ def count(name: str, epsilon: Fraction = ONE) -> StatisticTerms:
 
 
 def cells(name: str, epoch_cap: Fraction, counts_public: bool) -> StatisticTerms:
-    return StatisticTerms(name, "cell_mean", ONE, epoch_cap=epoch_cap, counts_public=counts_public)
+    return StatisticTerms(
+        name, "cell_mean", ONE, "per_cell_mean", epoch_cap=epoch_cap, counts_public=counts_public
+    )
 
 
 def george_mean(name: str, epsilon: Fraction = ONE) -> StatisticTerms:
     """kind mean in a public-counts pipeline: George et al.'s continual mean."""
-    return StatisticTerms(name, "mean", epsilon, counts_public=True)
+    return StatisticTerms(name, "mean", epsilon, "continual_mean", counts_public=True)
 
 
 def mean(name: str, epsilon: Fraction = ONE, m: int = 8, resolution: int = 1024) -> StatisticTerms:
     """kind mean by default: the whole-user mean."""
-    return StatisticTerms(name, "mean", epsilon, max_samples=m, resolution=resolution)
+    return StatisticTerms(
+        name, "mean", epsilon, "whole_user_mean", max_samples=m, resolution=resolution
+    )
 
 
 def test_basic_composition_of_three_counts_is_their_sum():
@@ -56,7 +60,9 @@ def test_a_total_above_the_budget_names_the_field():
 def test_an_expiring_counter_is_charged_epsilon_g_at_its_horizon():
     # Andersson et al. (arXiv:2406.03802), lambda = 2: epsilon = 0.05645 gives a loss of
     # about 23.7 for an item 10^6 steps old (the paper's table, reproduced in the tree's tests).
-    terms = StatisticTerms("views", "count", Fraction("0.05645"), "expiring", Fraction(2), 0, 10**6)
+    terms = StatisticTerms(
+        "views", "count", Fraction("0.05645"), "tree_counter", "expiring", Fraction(2), 0, 10**6
+    )
     charge = acc.charge_of(terms, "whole_user")
     assert float(charge.epsilon) == pytest.approx(23.7, rel=2e-3)
     assert "horizon d = 1000000" in charge.basis
@@ -96,9 +102,9 @@ def test_the_review_two_cell_case_is_charged_twice_the_epoch_cap():
     # Issue 24 item 2: strict cells a and b, epsilon 0.5 per cell, epoch_cap 0.5, one user
     # with one event in each: kept in a, dropped from b at the cap; without the event in a,
     # kept in b. Both cells' inputs change: 1.0 = 2B (the exhaustive case:
-    # tests/statistics/test_cells.py). Under whole_user removing the user changes a only: B.
+    # tests/statistics/test_cell_mean.py). Under whole_user removing the user changes a only: B.
     half = Fraction(1, 2)
-    strict = StatisticTerms("speed", "cell_mean", half, epoch_cap=half)
+    strict = StatisticTerms("speed", "cell_mean", half, "per_cell_mean", epoch_cap=half)
     charge = acc.charge_of(strict, "any_subset")
     assert charge.epsilon == 1 and charge.per_epoch and charge.relation == "any_subset"
     assert charge.basis == (
@@ -114,7 +120,9 @@ def test_the_review_two_cell_case_is_charged_twice_the_epoch_cap():
         "  one user can lose at most 1 per accounting epoch (basic composition) of total_epsilon=1"
     )
     # Public counts: neighbours share the count matrix, so admissions cannot move: B.
-    public = StatisticTerms("speed", "cell_mean", half, epoch_cap=half, counts_public=True)
+    public = StatisticTerms(
+        "speed", "cell_mean", half, "per_cell_mean", epoch_cap=half, counts_public=True
+    )
     assert acc.charge_of(public, "whole_user").epsilon == half
 
 

@@ -676,7 +676,7 @@ def test_strict_sum_and_count_sensitivity_under_add_remove(data) -> None:
 # (add/remove: the user absent; any subset: every subsequence, the empty one included),
 # beside another user's fixed data, through the real ``prepare``. Lower 0, upper 4, step 1:
 # grid units are values, U = 4, centred values 2x - 4 are -4, 0 or 4. Across cells (the
-# epoch cap's admission moves a user between cells): tests/statistics/test_cells.py.
+# epoch cap's admission moves a user between cells): tests/statistics/test_cell_mean.py.
 STRICT_GRID = (0, 2, 4)  # lo, the midpoint, hi
 STRICT_OTHERS = (cm.UserCellAggregate("other", 3, 5, (1, 4, 0)),)
 

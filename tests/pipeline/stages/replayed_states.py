@@ -13,7 +13,7 @@ import pytest
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import KeyedNoise
 from dpstream.pipeline.stages.drivers import Stage1Driver, Stage2Driver
-from dpstream.pipeline.stages.stage1_state import PartitionState, UserEntry
+from dpstream.pipeline.stages.stage1_state import PartitionEntry, UserEntry
 from dpstream.pipeline.stages.stage2_state import Stage2State
 from dpstream.pipeline.tools.replay import replay
 
@@ -85,7 +85,7 @@ class Recorded:
 
     def __init__(self) -> None:
         self.stage2: list[Stage2State] = []
-        self.partitions: list[PartitionState] = []
+        self.partitions: list[PartitionEntry] = []
         self.users: list[UserEntry] = []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import orjson
@@ -10,14 +11,23 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
-from dpstream.pipeline.stages.drivers import Stage1Driver, Stage2Driver
+from dpstream.pipeline.stages.drivers import InputRecord, Stage1Driver, Stage1Outcome, Stage2Driver
 from dpstream.pipeline.stages.stage1_state import new_partition_state
 from dpstream.pipeline.stages.stage2 import Stage2
 from dpstream.pipeline.stages.stage2_state import Stage2State
-from dpstream.pipeline.wire.records import BadRecord, Envelope, encode_envelope, partition_for
+from dpstream.pipeline.wire.records import (
+    ENVELOPE,
+    HEADER,
+    TICK,
+    BadRecord,
+    Envelope,
+    encode_envelope,
+    partition_for,
+)
 from dpstream.statistics.contract import Report
 from dpstream.statistics.events import Batch, Event
 
+ENVELOPE_HEADERS = [(HEADER, ENVELOPE)]
 CFG = parse_config(
     {
         "input": {"partitions": 2},
@@ -69,16 +79,28 @@ def test_what_is_not_an_envelope_is_dead_lettered_once():
     assert driver.on_envelope(pstate, {}, 0, 4, b"[1]") == ([], [])
 
 
-def test_holes_and_redelivered_markers():
+def test_holes_redelivered_markers_and_dead_letters_through_one_record_at_a_time():
+    # ``handle`` is what the worker and replay both call with each record.
     driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
-    assert driver.skipped(pstate, 5) is None  # nothing processed yet: nothing skipped
-    driver.on_envelope(pstate, users, 0, 5, envelope(ON_0))
+    first = driver.handle(pstate, users, InputRecord(0, 5, ENVELOPE_HEADERS, envelope(ON_0)))
+    assert first == Stage1Outcome()  # nothing processed yet: nothing skipped
     driver.done(pstate, 5)
-    assert driver.skipped(pstate, 6) is None and driver.skipped(pstate, 9) == (6, 9)
-    reports, rejected = driver.on_marker(pstate, users, 0, b'{"tick": 3}', None)
-    assert [(r.tick, r.weights) for r in reports] == [(3, {"w": 1})] and rejected == []
+    marker = InputRecord(0, 6, [(HEADER, TICK)], b'{"tick": 3}')
+    assert driver.handle(pstate, users, dataclasses.replace(marker, offset=9)).hole == (6, 9)
+    out = driver.handle(pstate, users, marker)
+    assert [(r.tick, r.weights) for r in out.reports] == [(3, {"w": 1})]
     driver.done(pstate, 6)
-    assert driver.is_redelivered(pstate, 6) and not driver.is_redelivered(pstate, 7)
+    assert driver.handle(pstate, users, marker) == Stage1Outcome()  # its reports went out
+    stray = InputRecord(0, 7, None, b"x")
+    out = driver.handle(pstate, users, stray)
+    assert out.reasons == ["not a dpstream envelope or tick marker"]
+    assert orjson.loads(out.dead_letters[0])["offset"] == 7
+    driver.done(pstate, 7)
+    assert driver.handle(pstate, users, stray) == Stage1Outcome()  # dead-lettered once
+    # A record read from a hole is not asked for a hole again.
+    late = InputRecord(0, 12, None, b"x")
+    assert driver.handle(pstate, users, late).hole == (8, 12)
+    assert driver.handle(pstate, users, late, in_gap=True).hole is None
 
 
 def _ingest_history(rng: random.Random, n: int, partitions: int) -> list[list[list[int]]]:

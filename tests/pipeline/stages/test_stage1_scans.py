@@ -15,8 +15,8 @@ from dpstream.config.schema import parse_config
 from dpstream.pipeline.stages.stage1 import Stage1
 from dpstream.pipeline.stages.stage1_state import new_partition_state
 from dpstream.pipeline.wire.records import partition_for
+from dpstream.statistics.continual_mean import ContinualMeanStatistic
 from dpstream.statistics.events import Event
-from dpstream.statistics.means import ContinualMeanStatistic
 
 CELLS = ["A", "B", "C"]
 

@@ -211,7 +211,7 @@ def test_george_et_al_mean_never_shares_a_total_with_a_count():
     # exact truncated value. A public-counts pipeline refuses the count.
     with pytest.raises(ConfigError, match=r"statistics\[0\]: 'events' \(count\) protects whole"):
         parse_config(mean_and_count(public_counts=True))
-    # (The default mean beside a count: tests/statistics/test_means_whole_user.py.)
+    # (The default mean beside a count: tests/statistics/test_whole_user_mean.py.)
 
 
 def test_a_public_counts_pipeline_says_so_on_every_release():

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from dpstream.pipeline.stages.stage2_state import Stage2State
-from dpstream.statistics.cells import CellMarks, CellStage2State, CellUserState
-from dpstream.statistics.counters import UserLevelState
-from dpstream.statistics.means import MeanRedo
+from dpstream.statistics.cell_mean import CellMarks, CellStage2State, CellUserState
+from dpstream.statistics.continual_mean import MeanRedo
+from dpstream.statistics.user_level import UserLevelState
 from tests.pipeline.stages.replayed_states import config, replayed
 
 
@@ -61,7 +61,7 @@ def test_the_kinds_state_codecs_round_trip(public_counts, monkeypatch):
             assert_round_trips(MeanRedo, entry["redo"]["latency"])
             seen["mean redo"] += 1
     for state in recorded.stage2:
-        stored = orjson.loads(orjson.dumps(state.to_json()))["tree"]
+        stored = orjson.loads(orjson.dumps(state.to_json()))["statistic_state"]
         if stored is not None and "late_slots" in stored:
             assert_round_trips(CellStage2State, stored)
             seen["cells stage 2"] += 1
@@ -71,3 +71,16 @@ def test_the_kinds_state_codecs_round_trip(public_counts, monkeypatch):
     expected = {"marks", "cell users", "cells stage 2"}
     expected |= {"mean redo", "both groups"} if public_counts else {"tau auto"}
     assert {name for name, n in seen.items() if n} == expected
+
+
+def test_a_version_1_state_is_read_and_stored_as_version_2():
+    # Version 1 stored the kind's state as "tree", whatever the kind; version 2 says what it
+    # is. A stage-2 changelog written by version 1 is still recovered.
+    state = Stage2State(reported={0: 7}, first={0: 5}, last_closed=7, statistic_state={"t": 3})
+    current = state.to_json()
+    assert current["version"] == 2 and current["statistic_state"] == {"t": 3}
+    old = {k: v for k, v in current.items() if k not in ("version", "statistic_state")}
+    old["tree"] = {"t": 3}
+    assert Stage2State.from_json(old) == state == Stage2State.from_json(current)
+    with pytest.raises(ValueError, match="stage 2 state version 3"):
+        Stage2State.from_json({**current, "version": 3})

@@ -1,114 +1,27 @@
-"""The worker ends at once (pipeline/worker/app.py): on an exception in a stage agent (crash_only)
-and when its ingest has ended; a release deadline reaches Kafka as its exact millisecond."""
+"""The worker's app (pipeline/worker/app.py): both its agents end the worker at once on an
+exception, and so does an ended ingest."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from types import SimpleNamespace
 
 import pytest
 
 from dpstream.config.schema import parse_config
+from dpstream.pipeline.worker import agents
 from dpstream.pipeline.worker import app as app_module
-from dpstream.pipeline.worker.app import HoleUnread, crash_only, create_app, faust_timestamp
+from dpstream.pipeline.worker.app import create_app
 from dpstream.pipeline.worker.keys import PipelineKey
-
-
-class Exited(BaseException):
-    """What the test's ``exit_now`` raises instead of ending the process."""
-
-
-def event(partition: int, offset: int, value: bytes | None = None) -> SimpleNamespace:
-    message = SimpleNamespace(
-        topic="events", partition=partition, offset=offset, timestamp=None, headers=None
-    )
-    return SimpleNamespace(message=message, value=value)
-
-
-class Stream:
-    """The part of a Faust stream an agent uses: ``events()``."""
-
-    def __init__(self, *events: SimpleNamespace, then: BaseException | None = None) -> None:
-        self._events, self._then = events, then
-
-    async def events(self):
-        for e in self._events:
-            yield e
-        if self._then is not None:
-            raise self._then
+from tests.pipeline.worker.support import Exited, Stream, event, raising_exit
 
 
 @pytest.fixture
 def exits(monkeypatch) -> list[int]:
     calls: list[int] = []
-
-    def exit_now() -> None:
-        calls.append(1)
-        raise Exited
-
-    monkeypatch.setattr(app_module, "exit_now", exit_now)
+    monkeypatch.setattr(app_module, "exit_now", raising_exit(calls))
+    monkeypatch.setattr(agents, "exit_now", raising_exit(calls))
     return calls
-
-
-def run(
-    stream: Stream,
-    fail_at: int | None = None,
-    error: BaseException | None = None,
-    handled: list[int] | None = None,
-) -> None:
-    """``crash_only`` over ``stream``; its handler notes each offset in ``handled`` and
-    raises ``error`` at ``fail_at``."""
-
-    async def handle(e) -> None:
-        if handled is not None:
-            handled.append(e.message.offset)
-        if e.message.offset == fail_at:
-            raise error or RuntimeError("boom")
-
-    asyncio.run(crash_only("stage 1", stream, handle))
-
-
-def test_an_exception_on_a_record_ends_the_worker_naming_the_record(exits, caplog):
-    stream = Stream(event(2, 7), event(2, 8), event(2, 9))
-    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
-        run(stream, fail_at=8)
-    assert exits == [1]
-    [line] = [r for r in caplog.records if r.levelno == logging.CRITICAL]
-    assert line.getMessage() == (
-        "stage 1: internal error on events[2] offset 8: RuntimeError('boom'); stopping the "
-        "worker (a restarted worker reads the record again)"
-    )
-    assert line.exc_info is not None
-
-
-def test_nothing_is_handled_after_the_failing_record(exits):
-    handled: list[int] = []
-    with pytest.raises(Exited):
-        run(Stream(event(0, 7), event(0, 8), event(0, 9)), 8, KeyError("bug"), handled)
-    assert handled == [7, 8]
-
-
-def test_an_exception_of_the_stream_itself_ends_the_worker_too(exits, caplog):
-    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
-        run(Stream(event(1, 3), then=ValueError("stream")))
-    assert exits == [1]
-    assert "stage 1: internal error outside a record: ValueError('stream')" in caplog.text
-
-
-def test_a_stop_the_stage_logged_itself_is_not_called_an_internal_error(exits, caplog):
-    with caplog.at_level(logging.CRITICAL), pytest.raises(Exited):
-        run(Stream(event(0, 4)), fail_at=4, error=HoleUnread("events[0] 1-3"))
-    assert exits == [1]
-    assert "internal error" not in caplog.text
-
-
-def test_a_cancellation_is_not_a_crash(exits):
-    # A stop or a rebalance cancels the agent: Faust handles that, the worker goes on.
-    with pytest.raises(asyncio.CancelledError):
-        run(Stream(event(0, 4)), fail_at=4, error=asyncio.CancelledError())
-    assert exits == []
 
 
 @pytest.mark.parametrize("agent", ["stage1", "stage2"])
@@ -161,12 +74,3 @@ def test_an_ingest_that_ends_because_the_worker_stops_it_leaves_the_stop_alone(e
     with caplog.at_level(logging.DEBUG):
         app_module.stop_if_ingest_ended(EndedIngest(alive=False, exitcode=0, stopping=True))
     assert exits == [] and caplog.records == []
-
-
-def test_a_release_deadline_reaches_kafka_as_the_exact_millisecond():
-    # Faust's send turns seconds into int(timestamp * 1000.0): a plain ms / 1000 loses a
-    # millisecond now and then (a 2004 deadline here), the half millisecond never does.
-    assert int(1_079_337_347_472 / 1000 * 1000.0) == 1_079_337_347_471
-    rng = random.Random(1)
-    for ms in [1_079_337_347_472, *(rng.randrange(4 * 10**12) for _ in range(100_000))]:
-        assert int(faust_timestamp(ms) * 1000.0) == ms

@@ -362,3 +362,17 @@ def test_the_workers_producer_and_consumer_back_off_failed_metadata_updates(tmp_
 
     backoff = 0.1  # aiokafka's default retry_backoff_ms, which Faust keeps
     assert all(seconds >= backoff for seconds in asyncio.run(run()))
+
+
+def test_the_workers_consumer_group_is_the_apps_worker_group(tmp_path):
+    """Faust's group id is the app id, which a prefixed ACL on "<app_id>-" does not cover;
+    the worker's is "<app_id>-worker", like every group of dpstream (pipeline/topics.py)."""
+    thread = worker_consumer_thread(tmp_path)
+
+    async def group_of_a_new_consumer() -> str:
+        consumer = thread._create_worker_consumer(thread.transport)
+        await consumer.stop()  # never started: only closes what was made
+        return consumer._group_id  # what aiokafka joins with at start
+
+    assert thread.app.conf.id == "dpstream"
+    assert asyncio.run(group_of_a_new_consumer()) == "dpstream-worker"

@@ -181,7 +181,7 @@ def _heavy_and_light(slots: int) -> list[bytes]:
 
 def test_the_epoch_cap_drops_a_user_and_the_ledger_and_log_say_so(caplog):
     cfg = cell_config(slot_ticks=1, epoch_slots=3, epoch_cap=2)
-    with caplog.at_level(logging.WARNING, logger="dpstream.statistics.cells"):
+    with caplog.at_level(logging.WARNING, logger="dpstream.statistics.cell_mean"):
         releases, ledger, _ = run(cfg, _heavy_and_light(4))
     assert [(r["slot"], r["epoch"], r["n_users"]) for r in releases] == [
         (0, 0, 2), (1, 0, 2), (2, 0, 1), (3, 1, 2),

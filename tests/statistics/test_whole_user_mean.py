@@ -15,11 +15,12 @@ from dpstream.config.schema import ConfigError, parse_config
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, clip_to_grid
 from dpstream.pipeline.stages.stage1 import Stage1
 from dpstream.pipeline.stages.stage1_state import new_partition_state
-from dpstream.pipeline.stages.stage2 import SCHEMA_VERSION, Stage2
+from dpstream.pipeline.stages.stage2 import Stage2
 from dpstream.pipeline.tools.replay import replay
-from dpstream.statistics import registry as kinds
+from dpstream.statistics import identity
 from dpstream.statistics.contract import Report
 from dpstream.statistics.events import Event
+from dpstream.statistics.releases import SCHEMA_VERSION
 
 M, R, LOWER, UPPER = 8, 1000, 0.0, 100.0
 FIRST_TICK = 100
@@ -152,13 +153,13 @@ def test_the_mean_is_charged_and_noised_as_the_accountant_says():
     for neighbours, factor in (("whole_user", 1), ("any_subset", 2)):
         cfg = parse_config(reproduction(neighbours=neighbours))
         stat = cfg.statistics[1]
-        params = cfg.statistic_parameters(stat)
+        params = identity.identity_parameters(stat, cfg)
         assert params["mechanism"] == "whole_user_mean"
         assert params["sensitivities"] == [factor * M, factor * M * R]
         (start,) = [e for e in _ledger(cfg) if e["statistic"] == "latency" and "fingerprint" in e]
         assert start["sensitivities"] == [factor * M, factor * M * R]
         assert start["split"] == {"samples": 0.5, "units": 0.5}
-        assert start["fingerprint"] == kinds.fingerprint(stat, cfg)
+        assert start["fingerprint"] == identity.fingerprint(stat, cfg)
 
 
 def _ledger(cfg) -> list[dict]:
@@ -182,7 +183,7 @@ def _ledger(cfg) -> list[dict]:
 def test_every_parameter_of_the_mean_is_in_its_identity(change):
     def fingerprint(data: dict) -> str:
         cfg = parse_config(data)
-        return kinds.fingerprint(cfg.statistics[-1], cfg)
+        return identity.fingerprint(cfg.statistics[-1], cfg)
 
     base = reproduction()
     del base["statistics"][0]  # public counts admit no count

@@ -1,42 +1,29 @@
-"""Stage 1 of the kinds whose users contribute unit weights (count, sum, histogram,
-kselect, distinct and the whole-user mean): what one user's events add to the tick.
+"""Stage 1 of the kinds whose users contribute unit weights: what one user's events add
+to the tick, and the engine that adds it up.
 
-Fixed tau: the kept units (Dong-Luo-Yi Alg. 3). User-level (tau: auto): units by rank
-band and the users crossing each power of two (Alg. 5). Whole-user mean: the kept samples
-and their grid units. The weights' keys are built by ``pipeline.weight_keys``.
-
-The count and sum kinds are counted a whole batch at a time in numpy (``UnitColumns``);
-the others, whose weights depend on each event's value, per user (``UnitCounting.add``).
-Both equal the event-at-a-time definition (``UnitCounting.add_event``).
+Each such kind has its own ``UnitBounding`` in its module (``fixed_tau``, ``user_level``,
+``histogram``, ``kselect``, ``distinct``, ``whole_user_mean``): which events count and what
+one event contributes given what the user sent before (``contribution``). This module
+holds what they share: the event-at-a-time loop (``UnitBounding.add``), the rank-band
+weights of Dong-Luo-Yi Alg. 5 (``rank_band_weights``), and ``UnitColumns``, which counts the
+kinds whose weights depend only on each user's unit totals (count and sum: a
+``ColumnarBounding``) a whole batch at a time in numpy. Both equal the event-at-a-time
+definition. The weights' keys are built by ``weights.py``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from dpstream.operators.means import whole_user_mean as wum
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import truncation
 
 from .events import Batch, Event
-from .weights import (
-    DELETES,
-    INSERTS,
-    KEPT_UNITS,
-    MEAN_SAMPLES,
-    MEAN_UNITS,
-    band_key,
-    crossing_key,
-    distinct_key,
-)
-
-
-def mean_weights(spec: wum.WholeUserMeanSpec, used: int, x: float) -> dict[str, int]:
-    """Stage 1's weights for one sample of a user who sent ``used`` before (no zeros)."""
-    samples, units = wum.admit(spec, used, x)
-    return {k: v for k, v in ((MEAN_SAMPLES, samples), (MEAN_UNITS, units)) if v}
+from .weights import DELETES, INSERTS, KEPT_UNITS, band_key, crossing_key
 
 
 def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
@@ -44,27 +31,36 @@ def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
         into[key] = into.get(key, 0) + value
 
 
+def clamped_units(value: float, bound: int) -> int:
+    """int(value) in [0, R]: values become units or columns within the declared bound,
+    whatever reached stage 1 (the checks keep out-of-range values from reaching it: this
+    is the bound where it is used)."""
+    return min(max(int(value), 0), bound)
+
+
+def rank_band_weights(stream: str, used: int, units: int, column: int) -> dict[str, int]:
+    """Dong-Luo-Yi Alg. 5's weights of ``units`` units of a user who sent ``used`` before:
+    1 for each 2^j the user's total passes (Count(D_t, 2^j) gains the user), then the units
+    by rank band, in ``column`` (a histogram's bin; 0 for a count or a sum)."""
+    out = {crossing_key(stream, j): 1 for j in ul.crossed_powers(used, used + units)}
+    for band, n in ul.band_units(used, units):
+        key = band_key(stream, band, column)
+        out[key] = out.get(key, 0) + n
+    return out
+
+
 @dataclass(frozen=True, slots=True)
-class UnitCounting:
-    """How stage 1 counts one statistic whose users contribute unit weights: which
-    events, and what they contribute (a ``Statistic``'s ``counting``)."""
+class UnitBounding(ABC):
+    """How stage 1 counts one statistic whose users contribute unit weights: which events
+    (``key``, and the deletion stream with ``deletions``), and what they contribute (a
+    ``Statistic``'s ``bounding``)."""
 
     name: str
     key: str | None
-    kind: str
-    fixed: truncation.TruncationSpec | None  # None: user-level (rank bands) or a mean
     deletions: bool
-    mean: wum.WholeUserMeanSpec | None = None  # the whole-user mean (its own first-m cap)
-    # R: a sum's max_value, a histogram's or kselect's bins. Values are clamped to [0, R]
-    # where they become units or columns, whatever reached stage 1 (the checks keep
-    # out-of-range values from reaching it: this is the bound where it is used).
-    max_value: int | None = None
 
-    @property
-    def columnar(self) -> bool:
-        """Whether ``UnitColumns`` counts it (a count or sum: its weights depend only on
-        its users' unit totals per record, not on each event's value)."""
-        return self.kind in ("count", "sum") and self.mean is None
+    # Counted a whole batch at a time by ``UnitColumns`` (a ``ColumnarBounding``).
+    columnar: ClassVar[bool] = False
 
     def stream(self, event: Event) -> str | None:
         """``INSERTS`` or ``DELETES``: the stream of ``event`` if this statistic counts it."""
@@ -78,8 +74,7 @@ class UnitCounting:
         """Count one user's ``events`` of a record: advance ``used`` (units per stream
         slot: the statistic's name, ``<name>/-`` for deletions) and add what they
         contribute to ``kept[self.name]`` (created only when non-empty), an event at a
-        time (``contribution``: these kinds' weights depend on each event's value; the
-        count and sum kinds go through ``UnitColumns`` instead)."""
+        time (``contribution``)."""
         for event in events:
             self.add_event(event, used, kept)
 
@@ -94,44 +89,41 @@ class UnitCounting:
         if weights:  # never holds zeros
             add_weights(kept.setdefault(self.name, {}), weights)
 
+    @abstractmethod
     def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
-        """(units, weights) of ``event`` for a user who has sent ``used`` units before;
-        weights holds no zero entries.
+        """(units, weights) of ``event`` for a user who has sent ``used`` units before on
+        ``stream``; weights holds no zero entries."""
 
-        Fixed tau: the kept units (Alg. 3, partial for a straddling sum item).
-        Whole-user mean: 1 sample and its grid units for one of the user's first m
-        samples (``mean_weights``); units count samples.
-        User-level: the units by rank band and bin (operators.user_level), 1 for each
-        2^j the user's total passes (Count(D_t, 2^j) gains the user); distinct count: the
-        value at the band of its rank instead of the units. Keys: ``pipeline.weight_keys``.
-        """
-        if self.mean is not None:
-            return 1, mean_weights(self.mean, used, event.value)  # type: ignore[arg-type]
-        units = self._clamped(event.value) if self.kind == "sum" else 1  # type: ignore[arg-type]
-        if self.fixed is not None:
+
+@dataclass(frozen=True, slots=True)
+class ColumnarBounding(UnitBounding):
+    """A count or a sum: each event is 1 unit, or its value clamped to [0, R]
+    (``max_value``), and the weights depend only on the user's unit totals, so
+    ``UnitColumns`` counts it over a whole batch. With a fixed tau (``fixed``) the kept
+    units (Dong-Luo-Yi Alg. 3, partial for a straddling sum item); without, the rank bands
+    of tau: auto (Alg. 5)."""
+
+    fixed: truncation.TruncationSpec | None = None
+    max_value: int | None = None  # a sum's R; None: every event is one unit
+
+    columnar: ClassVar[bool] = True
+
+    def units_of(self, value: float | None) -> int:
+        return 1 if self.max_value is None else clamped_units(value or 0.0, self.max_value)
+
+    def units_column(self, values: np.ndarray) -> np.ndarray:
+        """``units_of`` over a value column (NaN: no value), as int64."""
+        if self.max_value is None:
+            return np.ones(len(values), dtype=np.int64)
+        # fmax first: NaN (no value) and negatives become 0, then at most R.
+        return np.fmin(np.fmax(values, 0.0), self.max_value).astype(np.int64)
+
+    def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
+        units = self.units_of(event.value)
+        if self.fixed is not None and stream == INSERTS:
             kept = truncation.admit(self.fixed, used, units)
             return units, ({KEPT_UNITS: kept} if kept else {})
-        out = {crossing_key(stream, j): 1 for j in ul.crossed_powers(used, used + units)}
-        if self.kind == "distinct":
-            out[distinct_key(ul.rank_band(used + 1), event.value)] = 1
-            return units, out
-        binned = self.kind in ("histogram", "kselect")
-        column = max(self._clamped(event.value) - 1, 0) if binned else 0  # type: ignore[arg-type]
-        for band, n in ul.band_units(used, units):
-            key = band_key(stream, band, column)
-            out[key] = out.get(key, 0) + n
-        return units, out
-
-    @property
-    def bound(self) -> int:
-        """R, which the config schema requires of the kinds that have one."""
-        if self.max_value is None:
-            raise ValueError(f"statistic {self.name}: kind {self.kind} has no max_value or bins")
-        return self.max_value
-
-    def _clamped(self, value: float) -> int:
-        """int(value) clamped to [0, R]."""
-        return min(max(int(value), 0), self.bound)
+        return units, rank_band_weights(stream, used, units, 0)
 
 
 def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple[str, int, int]]:
@@ -155,11 +147,11 @@ def _rank_keys(stream: str, before: np.ndarray, units: np.ndarray) -> list[tuple
 
 
 class UnitColumns:
-    """Stage 1 of the count and sum statistics (``UnitCounting.columnar``) over a whole
+    """Stage 1 of the count and sum statistics (``ColumnarBounding``) over a whole
     batch in numpy: each user's units per stream slot with ``bincount``, then the kept
     units (fixed tau, Alg. 3) or the rank bands and crossed powers (tau: auto, Alg. 5)
     of all users at once, from their units before the batch and in it. This is the
-    event-at-a-time definition (``UnitCounting.contribution``) because a user's events
+    event-at-a-time definition (``ColumnarBounding.contribution``) because a user's events
     of one stream in a batch act as one item of their total: Alg. 3 keeps
     clip(tau - used, 0, units) of them however they are split, and the rank bands and
     crossed powers of consecutive unit ranges add up (the tests check it on random
@@ -169,10 +161,10 @@ class UnitColumns:
     (users in order of first event; per user its insertions' slot, then its deletions', each
     crossed powers then bands), so the reports stay byte for byte what they were."""
 
-    def __init__(self, stats: list[UnitCounting]) -> None:
+    def __init__(self, stats: list[ColumnarBounding]) -> None:
         self.stats = stats
         # Stream slots: (slot, statistic, stream); a slot is a key of the users' "used".
-        self.slots: list[tuple[str, UnitCounting, str]] = []
+        self.slots: list[tuple[str, ColumnarBounding, str]] = []
         for stat in stats:
             self.slots.append((stat.name, stat, INSERTS))
             if stat.deletions:
@@ -189,10 +181,8 @@ class UnitColumns:
                 if stat.key not in batch.keys:
                     continue
                 mask = mask & (batch.key == batch.keys.index(stat.key))
-            if stat.kind == "sum":  # int(value) in [0, R], as the definition
-                # fmax first: NaN (no value) and negatives become 0, then at most R.
-                values = np.fmin(np.fmax(batch.value[mask], 0.0), stat.bound)
-                weights = values.astype(np.int64).astype(np.float64)
+            if stat.max_value is not None:  # a sum: int(value) in [0, R], as the definition
+                weights = stat.units_column(batch.value[mask]).astype(np.float64)
                 totals = np.bincount(rows[mask], weights=weights, minlength=users)
                 out[:, column] = totals.astype(np.int64)
             else:

@@ -1,10 +1,11 @@
-"""kind cell_mean: Rameshwar et al.'s per-cell user-level means, a statistic with
-per-user state (``pipeline.statistic.Statistic``).
+"""Kind cell_mean: Rameshwar et al.'s per-cell user-level means, a statistic with
+per-user state (``contract.PerUserStatistic``).
 
-Glue only: the mechanisms are ``operators.cell_mean``, the epoch ledger
-``operators.cell_accountant`` and the reducer ``operators.clip_user``; this module keeps
-per-(cell, user) aggregates in stage 1, hands them to stage 2 when their slot closes, and
-turns outcomes into release records and ledger entries.
+The mechanisms are ``operators.cells``: one cell's mean (``cell_mean``), the epoch ledger
+(``cell_accountant``), Clip-User (``clip_user``) and the slot's release under the epoch
+cap (``slot_release``); this module keeps per-(cell, user) aggregates in stage 1, hands
+them to stage 2 when their slot closes, and turns outcomes into release records and
+ledger entries.
 
 A cell is (cell key, slot): the key is the event's attribute ``cells.field`` (e.g. an H3
 index), the slot is ``tick // slot_ticks``. Slot s covers ticks
@@ -28,24 +29,22 @@ grid units (``UserCellAggregate``). Stage 2 files a slot's data under the slot's
 (``parts``), so a partition that missed markers is not late.
 
 **Stage 2**, at the tick that ends slot s, once every partition reported it: groups by
-cell (sorted keys, sorted users), runs Clip-User when configured (public counts), checks
-the epoch cap with ``cell_accountant.admit`` before each cell's release and ``charge``s
-after it, releases one record per cell and one ledger entry per slot. Node ids are
+cell (sorted keys, sorted users) and releases the slot under the epoch cap
+(``slot_release.release_slot``: Clip-User when configured, admission before each cell,
+charge after it), one record per cell and one ledger entry per slot. Node ids are
 (statistic, cell key, slot): a replay re-derives the same noise.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from typing import Any
 
 from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
 from dpstream.operators.cells import cell_accountant as acct
-from dpstream.operators.cells import cell_mean as cm
-from dpstream.operators.cells import clip_user, pseudo_users
+from dpstream.operators.cells import cell_mean as per_cell
+from dpstream.operators.cells import clip_user, pseudo_users, slot_release
 from dpstream.operators.noise import NoiseSource, interval
 from dpstream.operators.selection import private_interval, private_quantile
 from dpstream.operators.state_codec import from_json, to_json
@@ -146,17 +145,21 @@ class CellStage2State:
 
 @dataclass(frozen=True)
 class CellMeanStatistic:
-    """One ``kind: cell_mean`` statistic (see ``pipeline.statistic.Statistic``)."""
+    """One ``kind: cell_mean`` statistic (``contract.PerUserStatistic``)."""
 
     name: str
     key: str | None
     cells: CellConfig
-    spec: cm.CellMeanSpec
-    accountant: acct.CellAccountantSpec
-    clip: clip_user.ClipUserSpec | None
+    release: slot_release.SlotReleaseSpec
     mechanism: str
     neighbours: str
-    counting: None = None
+    bounding: None = None
+    lifetime_steps: int | None = None
+
+    @property
+    def spec(self) -> per_cell.CellMeanSpec:
+        """One cell's mechanism."""
+        return self.release.mean
 
     # ----------------------------------------------------------------- slots and ticks
 
@@ -182,8 +185,10 @@ class CellMeanStatistic:
 
     def _fold(self, into: Cells, user: str, cell: str, value: float) -> None:
         old = into.get(cell)
-        agg = None if old is None else cm.UserCellAggregate(user, old[0], old[1], tuple(old[2]))
-        new = cm.add_value(self.spec, agg, user, value)  # clip, snap, count, sum, head
+        agg = (
+            None if old is None else per_cell.UserCellAggregate(user, old[0], old[1], tuple(old[2]))
+        )
+        new = per_cell.add_value(self.spec, agg, user, value)  # clip, snap, count, sum, head
         into[cell] = [new.count, new.total, list(new.head)]
 
     def _join(self, a: Agg, b: Agg) -> Agg:
@@ -307,7 +312,7 @@ class CellMeanStatistic:
                 log.warning("statistic %s: data for released slot %s ignored", self.name, slot)
                 continue
             out, entry, book = self._release_slot(
-                state.ledger, slot, tick, data.get(str(slot), {}), noise
+                state.ledger, slot, data.get(str(slot), {}), noise
             )
             state = replace(state, ledger=to_json(book), released_through=slot)
             fields.extend(out)
@@ -315,123 +320,42 @@ class CellMeanStatistic:
         return Step(state.to_json(), tuple(fields), tuple(ledger))
 
     def _release_slot(
-        self, book_json: dict | None, slot: int, tick: int, data: dict, noise: NoiseSource
+        self, book_json: dict | None, slot: int, data: dict, noise: NoiseSource
     ) -> tuple[list[dict], dict, acct.CellLedgerState]:
-        """(release fields, ledger entry, epoch ledger after it) of one slot."""
+        """(release fields, ledger entry, epoch ledger after it) of one slot
+        (``operators.cells.slot_release``)."""
         epoch = slot // self.cells.epoch_slots
-        book = (
-            acct.init(self.accountant, epoch)
-            if book_json is None
-            else from_json(acct.CellLedgerState, book_json)
-        )
-        if epoch > book.epoch:
-            book = acct.start_epoch(self.accountant, book, epoch)
-        eps = self.spec.epsilon
+        book = None if book_json is None else from_json(acct.CellLedgerState, book_json)
         aggs = {
             cell: {
-                user: cm.UserCellAggregate(user, agg[0], agg[1], tuple(agg[2]))
+                user: per_cell.UserCellAggregate(user, agg[0], agg[1], tuple(agg[2]))
                 for user, agg in sorted(row.items())
             }
             for cell, row in data.items()
         }
         keys = sorted(aggs) if self.cells.counts_public else sorted(self.cells.keys or ())
-        removed: dict[str, set[str]] = {}
-        clip_summary: dict[str, Any] | None = None
-        capped: set[str] = set()
-        if self.clip is not None:
-            ids = {key: self._cell_id(key, slot) for key in keys}
-            counts = {ids[k]: {u: a.count for u, a in aggs[k].items()} for k in keys}
-            budget = None
-            if self.cells.on_cap == "drop_user":
-                people = sorted({u for row in aggs.values() for u in row})
-                budget = {u: acct.remaining(self.accountant, book, u) for u in people}
-                need: dict[str, Fraction] = {}
-                for row in aggs.values():
-                    for user in row:
-                        need[user] = need.get(user, Fraction(0)) + eps
-                capped = {u for u in people if need[u] > budget[u]}
-            plan = clip_user.plan(self.clip, counts, eps, budget_left=budget)
-            by_id = {ids[k]: k for k in keys}
-            removed = {by_id[tuple(c)]: set(users) for c, users in plan.suppressed}
-            clip_summary = {
-                "pairs_suppressed": sum(len(users) for _, users in plan.suppressed),
-                "loss_before": float(plan.loss_before),
-                "loss_after": float(plan.loss_after),
-                "rounds": plan.rounds,
-                "error_bound_e0": float(plan.e0),
-                "cells_above_e0": len(plan.forced),
-            }
-        released: list[dict] = []
-        charged = 0
-        dropped_pairs = 0
-        skipped = 0
-        for key in keys:
-            row = aggs.get(key, {})
-            candidates = [u for u in row if u not in removed.get(key, set())]
-            if self.cells.counts_public and not candidates:
-                if row:
-                    skipped += 1  # every user suppressed (at the cap): not released
-                continue
-            admission = acct.admit(self.accountant, book, candidates, eps)
-            if admission.dropped:
-                dropped_pairs += len(admission.dropped)
-                capped.update(admission.dropped)
-            if self.cells.counts_public and not admission.release:
-                skipped += 1
-                continue
-            # Strict mode releases every listed cell, whoever is left (maybe nobody).
-            outcome = cm.release_cell(
-                self.spec, self._cell_id(key, slot), [row[u] for u in admission.kept], noise
-            )
-            if outcome.release is None:
-                continue
-            if outcome.charge is not None and outcome.charge.users:
-                book = acct.charge(self.accountant, book, [outcome.charge])
-                charged += len(outcome.charge.users)
-            released.append(self._fields(outcome.release, key, slot, epoch))
-        if self.clip is not None:
-            dropped_pairs += sum(1 for key in keys for u in removed.get(key, set()) if u in capped)
-        if capped:
+        out = slot_release.release_slot(
+            self.release, book, epoch, keys, aggs, lambda key: self._cell_id(key, slot), noise
+        )
+        if out.capped:
             log.warning(
                 "statistic %s: %d user(s) reached the epoch cap B=%s in epoch %s; dropped "
                 "from %d (cell, user) pair(s) of slot %s, %d cell(s) not released",
                 self.name,
-                len(capped),
-                float(self.accountant.epoch_cap),
+                len(out.capped),
+                float(self.release.accountant.epoch_cap),
                 epoch,
-                dropped_pairs,
+                out.dropped_pairs,
                 slot,
-                skipped,
+                out.skipped,
             )
-        entry = self._ledger_entry(slot, epoch, len(released))
-        if self.cells.counts_public:
-            entry.update(
-                users_charged=charged,
-                epoch_max_loss=float(acct.max_loss(book)),
-                dropped_at_cap={
-                    "users": len(capped),
-                    "pairs": dropped_pairs,
-                    "cells_not_released": skipped,
-                },
-            )
-            if capped:
-                entry["note"] = (
-                    "users at the epoch cap were dropped: they spend nothing more this epoch"
-                )
-            if clip_summary is not None:
-                entry["clip_user"] = clip_summary
-        else:
-            entry["note"] = (
-                "strict mode: user counts are private, so this entry holds public parameters "
-                "only; users at the epoch cap are dropped (spend nothing more this epoch) "
-                "and the worker logs it"
-            )
-        return released, entry, book
+        released = [self._fields(rel, key, slot, epoch) for key, rel in out.releases]
+        return released, self._ledger_entry(slot, epoch, out), out.book
 
     def _cell_id(self, key: str, slot: int) -> tuple[str | int, ...]:
         return (self.name, key, slot)
 
-    def _fields(self, rel: cm.CellRelease, key: str, slot: int, epoch: int) -> dict:
+    def _fields(self, rel: per_cell.CellRelease, key: str, slot: int, epoch: int) -> dict:
         S = self.cells.slot_ticks  # noqa: N806 - the config's name
         fields: dict[str, Any] = {
             "cell": key,
@@ -453,16 +377,46 @@ class CellMeanStatistic:
                 fields[name] = value
         return fields
 
-    def _ledger_entry(self, slot: int, epoch: int, released: int) -> dict:
+    def _ledger_entry(self, slot: int, epoch: int, out: slot_release.SlotRelease) -> dict:
         # Stage 2 adds schema_version, statistic, tick and total_epsilon.
-        return {
+        entry: dict[str, Any] = {
             "event": "cells",
             "epoch": epoch,
             "slot": slot,
-            "cells_released": released,
-            "epsilon_per_cell": float(self.spec.epsilon),
-            "epoch_cap": float(self.accountant.epoch_cap),
+            "cells_released": len(out.releases),
+            "epsilon_per_cell": float(self.release.mean.epsilon),
+            "epoch_cap": float(self.release.accountant.epoch_cap),
         }
+        if not self.cells.counts_public:
+            entry["note"] = (
+                "strict mode: user counts are private, so this entry holds public parameters "
+                "only; users at the epoch cap are dropped (spend nothing more this epoch) "
+                "and the worker logs it"
+            )
+            return entry
+        entry.update(
+            users_charged=out.charged,
+            epoch_max_loss=float(acct.max_loss(out.book)),
+            dropped_at_cap={
+                "users": len(out.capped),
+                "pairs": out.dropped_pairs,
+                "cells_not_released": out.skipped,
+            },
+        )
+        if out.capped:
+            entry["note"] = (
+                "users at the epoch cap were dropped: they spend nothing more this epoch"
+            )
+        if out.clip is not None:
+            entry["clip_user"] = {
+                "pairs_suppressed": sum(len(users) for _, users in out.clip.suppressed),
+                "loss_before": float(out.clip.loss_before),
+                "loss_after": float(out.clip.loss_after),
+                "rounds": out.clip.rounds,
+                "error_bound_e0": float(out.clip.e0),
+                "cells_above_e0": len(out.clip.forced),
+            }
+        return entry
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         cells = self.cells
@@ -480,7 +434,7 @@ class CellMeanStatistic:
             "cell_field": cells.field,
             "slot_ticks": cells.slot_ticks,
             "epoch_slots": cells.epoch_slots,
-            "epoch_cap": float(self.accountant.epoch_cap),
+            "epoch_cap": float(self.release.accountant.epoch_cap),
             "on_cap": cells.on_cap,
             "clip_user": cells.clip_user,
             "bounds": [cells.lower, cells.upper],
@@ -489,13 +443,11 @@ class CellMeanStatistic:
         return own_caps(entry, start)
 
 
-def algorithm(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
+def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
     """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
-    modules = [cm, acct, clip_user, pseudo_users, private_interval, private_quantile]
-    return {
-        "mechanism": make_statistic(stat, cfg).mechanism,
-        "versions": {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules},
-    }
+    modules = [per_cell, acct, clip_user, pseudo_users, private_interval, private_quantile]
+    versions = {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules}
+    return {"algorithm": {"mechanism": make_statistic(stat, cfg).mechanism, "versions": versions}}
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatistic:
@@ -512,23 +464,15 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatis
             repr(cells.lower), repr(cells.upper), repr(cells.clip_kappa), True
         )
     arrays = spec.mechanism not in ("baseline", "noisy_ratio")
-    mechanism = f"{cm.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
+    mechanism = f"{per_cell.MECHANISM}/{spec.mechanism}" + (f"/{spec.grouping}" if arrays else "")
     # Public counts: the paper's neighbours (same count matrix, one user's values
     # differ). Strict: a user's whole data added or removed, or any subset of it.
     if cells.counts_public:
         neighbours = "user_values_same_counts"
     else:
         neighbours = "any_subset" if spec.any_subset else "add_remove_user"
-    return CellMeanStatistic(
-        stat.name,
-        stat.key,
-        cells,
-        spec,
-        cells.accountant_spec(),
-        clip,
-        mechanism,
-        neighbours,
-    )
+    release = slot_release.SlotReleaseSpec(spec, cells.accountant_spec(), clip)
+    return CellMeanStatistic(stat.name, stat.key, cells, release, mechanism, neighbours)
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
@@ -541,11 +485,3 @@ def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
         f"{c.field!r} x {c.slot_ticks}-tick slots, epoch_cap={c.epoch_cap:g} per "
         f"{c.epoch_slots} slots"
     )
-
-
-def slots_of(releases: Iterable[dict]) -> dict[int, dict[str, dict]]:
-    """Releases of a cell_mean statistic by slot and cell (tests, tools)."""
-    out: dict[int, dict[str, dict]] = {}
-    for release in releases:
-        out.setdefault(release["slot"], {})[release["cell"]] = release
-    return out

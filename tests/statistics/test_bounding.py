@@ -1,5 +1,5 @@
-"""Stage 1 over whole batches in numpy (``counting.UnitColumns``) is the event-at-a-time
-definition (``UnitCounting.add_event``): the same users' totals, the same pending sums,
+"""Stage 1 over whole batches in numpy (``bounding.UnitColumns``) is the event-at-a-time
+definition (``UnitBounding.add_event``): the same users' totals, the same pending sums,
 keys in the order the reports have always had, the same crash repairs, the same
 releases."""
 
@@ -19,13 +19,13 @@ from dpstream.pipeline.stages.stage1 import Stage1
 from dpstream.pipeline.stages.stage1_state import new_partition_state
 from dpstream.pipeline.tools.replay import replay
 from dpstream.pipeline.wire.records import decode_envelope, encode_envelope
+from dpstream.statistics.bounding import add_weights
 from dpstream.statistics.contract import Report
-from dpstream.statistics.counting import add_weights
 from dpstream.statistics.events import Batch, Event
 from dpstream.statistics.weights import DELETES, BandKey, CrossingKey, parse_key
 
 MEAN = {"max_samples_per_user": 2, "lower": 0, "upper": 10}
-# Every kind with a ``counting`` stage 1, in each tau mode, with keys and deletions.
+# Every kind with a ``bounding`` stage 1, in each tau mode, with keys and deletions.
 COUNTING = [
     {"kind": "count", "tau": 3},
     {"kind": "count", "tau": 2, "key": "click"},
@@ -60,7 +60,7 @@ def counting_config():
 
 def _reference_add_events(self, pstate, users, events, offset, partition=0) -> None:
     """``Stage1.add_events`` by the definition: every event through
-    ``UnitCounting.add_event``, users in order of their first event (no re-delivery)."""
+    ``UnitBounding.add_event``, users in order of their first event (no re-delivery)."""
     events = list(events)
     in_pending = offset <= pstate["last_offset"]
     by_user: dict[str, list[Event]] = {}

@@ -19,7 +19,7 @@ from dpstream.pipeline.stages.stage2 import Stage2
 from dpstream.pipeline.stages.stage2_state import OFFLINE_RUN
 from dpstream.pipeline.tools.replay import replay
 from dpstream.pipeline.wire.records import partition_for
-from dpstream.statistics import registry as kinds
+from dpstream.statistics import identity
 from dpstream.statistics.events import Event
 
 PARTITIONS = 3
@@ -87,7 +87,7 @@ def simulated(cfg, ticks, noise) -> list[cm.MeanRelease]:
         spec, partition_of=lambda u: partition_for(u, cfg.input.partitions), feedback=False
     )
     # The pipeline draws a statistic's noise under its identity (operators.accounting).
-    fingerprint = kinds.fingerprint(stat, cfg)
+    fingerprint = identity.fingerprint(stat, cfg)
     scope = (cfg.app_id, stat.name, fingerprint, OFFLINE_RUN.run_id, 100)
     scoped = ScopedNoise(noise, scope)
     return [sim.tick(tick, scoped) for tick in ticks]
