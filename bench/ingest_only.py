@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 from bench.common import proc_status  # noqa: E402
 from dpstream.config.schema import load_config  # noqa: E402
 from dpstream.pipeline.ingest.consumer import Ingest  # noqa: E402
-from dpstream.pipeline.kafka.topics import ensure_topics  # noqa: E402
+from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics  # noqa: E402
 
 TIMEOUT = 1800.0
 
@@ -44,6 +44,7 @@ def main() -> int:
     p.add_argument("--expect", type=int, required=True, help="events in the source topic")
     args = p.parse_args()
     cfg = load_config(args.config)
+    create_source_topics(cfg, args.bootstrap)
     ensure_topics(cfg, args.bootstrap)
     ingest = Ingest(cfg, args.bootstrap)
     consumer = ingest._consumer

@@ -57,13 +57,14 @@ PRODUCER_QUEUE = {
 
 def run(bootstrap: str, workers: int, args: argparse.Namespace, env: dict[str, str]) -> dict:
     from dpstream.pipeline.kafka.clients import make_producer, produce_events
-    from dpstream.pipeline.kafka.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
     from dpstream.pipeline.worker.processes import assigned_partitions, spawn_worker
 
     base = base_config(None)
     cfg, path = write_config(
         run_config(base, f"s{workers}", None, args.tick, args.partitions), args.workdir
     )
+    create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)
     logs = [args.workdir / f"{cfg.app_id}.{i}.log" for i in range(workers)]
     procs = [spawn_worker(path, bootstrap, log, env=env, loglevel=DEFAULT_LOGLEVEL) for log in logs]

@@ -175,6 +175,14 @@ class InputConfig(_Model):
     # moderate rate of single-event records, larger envelopes cost stage 1 less per event.
     # Releases are not delayed (ticks are closed by the clock's markers).
     ingest_wait_ms: int = Field(50, ge=0, le=10_000)
+    # Where a new pipeline's ingest group starts reading the sources: the oldest record
+    # kept (``earliest``) or what arrives from now on (``latest``). The group's committed
+    # offsets win once it has them: for an existing pipeline this changes nothing.
+    start: Literal["earliest", "latest"] = "earliest"
+    # dpstream never creates a source topic; a missing one stops the worker and the
+    # ingest at start, naming input.topics, unless they wait this long for it (for
+    # deployments that create topics after the pipeline).
+    wait_for_topics_seconds: float = Field(0.0, ge=0, le=86_400)
 
     @model_validator(mode="before")
     @classmethod

@@ -113,7 +113,7 @@ class Pipeline:
         """Write the config, create its topics and start the worker (on a secured broker:
         with ``access``, its ACLs granted first)."""
         from dpstream.config.schema import parse_config
-        from dpstream.pipeline.kafka.topics import ensure_topics
+        from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
 
         data = unique_names(data)
         if access is not None:
@@ -123,7 +123,9 @@ class Pipeline:
             access.prepare(cfg)
         config_path = directory / f"{cfg.app_id}.yaml"
         config_path.write_text(yaml.safe_dump(data), encoding="utf-8")
-        # Topics first: events produced before the worker is up are not lost.
+        # Topics first: events produced before the worker is up are not lost. The source
+        # topics as a user's producer setup would make them (the worker never does).
+        create_source_topics(cfg, bootstrap)
         ensure_topics(cfg, bootstrap)
         pipeline = cls(cfg, config_path, directory / f"{cfg.app_id}.log", bootstrap, env, access)
         pipeline.restart()

@@ -222,7 +222,7 @@ def run_pipeline(
     """
     from confluent_kafka import Producer
 
-    from dpstream.pipeline.kafka.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
 
     envelopes = ds.shape == ENVELOPES
     ingest = "off" if envelopes else ingest
@@ -230,6 +230,7 @@ def run_pipeline(
     cfg, path = write_config(
         run_config(harness.base, "p", None, harness.tick, ds.partitions), harness.workdir
     )
+    create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)  # the source topic too
     producer = (
         Producer({"bootstrap.servers": bootstrap, **SOURCE_PRODUCER})
@@ -341,10 +342,11 @@ def run_latency(
     the last of those ticks."""
     from confluent_kafka import Producer
 
-    from dpstream.pipeline.kafka.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
 
     tick = harness.tick
     cfg, path = write_config(run_config(harness.base, "l", None, tick, partitions), harness.workdir)
+    create_source_topics(cfg, harness.bootstrap)
     ensure_topics(cfg, harness.bootstrap)
     source = cfg.input.topics[0]
     watcher = Watcher(harness.bootstrap, cfg)

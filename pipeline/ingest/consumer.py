@@ -83,7 +83,8 @@ def consumer_config(cfg: PipelineConfig, bootstrap: str) -> dict[str, object]:
         "bootstrap.servers": bootstrap,
         "group.id": group_id(cfg.app_id, "ingest"),
         "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
+        # A new group only (input.start): one with committed offsets resumes from them.
+        "auto.offset.reset": cfg.input.start,
         # librdkafka's default (1 s) idles the fetcher after the first fetches.
         "fetch.queue.backoff.ms": 10,
         "log_level": 0,
@@ -144,6 +145,21 @@ def source_decoder(cfg: PipelineConfig, limits: Limits) -> RegistryDecoder | Non
     return RegistryDecoder(cfg.input.format, make_client(registry), limits)
 
 
+def all_dead_lettered(events: int, rejected: Counter[str], top: int = 3) -> str | None:
+    """The warning for an interval in which the sources gave records but every one was
+    dead-lettered (None otherwise): a pipeline that releases noise alone, most often
+    because of a config that does not match the events (``input.user_id_field``), which
+    the reasons name. Reasons never hold user ids or payloads (``wire.records``)."""
+    if events or not rejected:
+        return None
+    reasons = "; ".join(f"{reason} ({n})" for reason, n in rejected.most_common(top))
+    return (
+        f"ingest: every source record of the last {LOG_SECONDS:g} s was dead-lettered "
+        f"({sum(rejected.values())} records; the statistics receive none); top reasons: "
+        f"{reasons}"
+    )
+
+
 class _Batch:
     """One batch of source records on its way: the offsets to commit once the
     ``outstanding`` envelopes and dead letters are acknowledged."""
@@ -185,6 +201,8 @@ class Ingest:
         self._consumer_errors = RateLimiter()
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
+        self._interval_events = 0  # since the last progress line (LOG_SECONDS)
+        self._interval_rejected: Counter[str] = Counter()
 
     def run(self, stop: Any, parent: int | None = None) -> bool:
         """Until ``stop`` is set (or the ``parent`` process is gone): consume, route, send,
@@ -209,6 +227,10 @@ class Ingest:
         log.info("ingest lag by source partition: %s", self.lag())
         if self.rejected:
             log.warning("dead-lettered records so far by reason: %s", dict(self.rejected))
+        warning = all_dead_lettered(self._interval_events, self._interval_rejected)
+        if warning:
+            log.warning("%s", warning)
+        self._interval_events, self._interval_rejected = 0, Counter()
 
     def step(self, timeout: float) -> int:
         """Read a batch, route it and send it; commit every earlier batch the events
@@ -239,6 +261,8 @@ class Ingest:
         self._settle(1)
         self.events += routed.events
         self.rejected.update(routed.reasons)
+        self._interval_events += routed.events
+        self._interval_rejected.update(routed.reasons)
         return len(records)
 
     def _pause(self, records: list[SourceRecord], why: RegistryUnavailable) -> None:

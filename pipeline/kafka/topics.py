@@ -11,6 +11,7 @@ letters, ledger) are granted by name.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -130,10 +131,8 @@ def ensure_topics(
 
     New topics get the replication the cluster allows (:func:`replication`); when it checks
     them all (no ``only``), it warns where that is below :data:`PRODUCTION_REPLICAS` and
-    for existing topics of dpstream with fewer replicas than the cluster allows. A source
-    topic that does not exist yet is created with ``input.partitions`` partitions and the
-    broker's defaults (a new pipeline's first run); one that exists is never touched,
-    whatever its partitions and settings.
+    for existing topics of dpstream with fewer replicas than the cluster allows. The source
+    topics are the users': never created nor touched here (:func:`check_source_topics`).
 
     Raises:
         ConfigError: An events, stage-2 or changelog topic with other partitions, a ledger
@@ -150,9 +149,55 @@ def ensure_topics(
     _check_timestamps(client, cfg, existing, timeout)
     if only is None:
         _warn_under_replicated(cfg, metadata)
-    plan.update({t: cfg.input.partitions for t in cfg.input.topics if t not in existing})
     if only is not None:
         plan = {name: n for name, n in plan.items() if name in set(only)}
+    return _create_missing(client, cfg, metadata, plan, timeout)
+
+
+def check_source_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> None:
+    """Stop unless every source topic (``input.topics``) exists, after waiting up to
+    ``input.wait_for_topics_seconds`` for the missing ones. dpstream never creates them: a
+    typo would otherwise make an empty topic, and the worker would release pure noise.
+
+    Raises:
+        ConfigError: A source topic is missing (naming ``input.topics`` and the topic).
+    """
+    client = admin(bootstrap, cfg.kafka)
+    wait = cfg.input.wait_for_topics_seconds
+    deadline = time.monotonic() + wait
+    warned = False
+    while True:
+        existing = client.list_topics(timeout=timeout).topics
+        missing = [t for t in cfg.input.topics if t not in existing]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            break
+        if not warned:
+            log.warning("input.topics: waiting up to %g s for %s", wait, ", ".join(missing))
+            warned = True
+        time.sleep(min(SOURCE_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+    after = f" after waiting {wait:g} s" if wait else ""
+    raise ConfigError(
+        f"input.topics: source topic {missing[0]!r} does not exist{after} "
+        f"({len(missing)} of {len(cfg.input.topics)} missing: {', '.join(missing)}); "
+        "dpstream never creates source topics: check the name, create the topic, or set "
+        "input.wait_for_topics_seconds to wait for it"
+    )
+
+
+SOURCE_POLL_SECONDS = 2.0
+"""How often :func:`check_source_topics` looks again for a source topic it waits for."""
+
+
+def create_source_topics(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> list[str]:
+    """Create the missing source topics with ``input.partitions`` partitions and the
+    broker's defaults, as a user's producer setup would: for the tools that write events
+    (``dpstream produce``, the demo, the test kit), never for the worker or the ingest.
+    Returns the topics it created."""
+    client = admin(bootstrap, cfg.kafka)
+    metadata = client.list_topics(timeout=timeout)
+    plan = {t: cfg.input.partitions for t in cfg.input.topics}
     return _create_missing(client, cfg, metadata, plan, timeout)
 
 

@@ -200,6 +200,7 @@ def run_worker(
     from ..kafka.topics import (
         adopt_former_worker_offsets,
         changelog_topics,
+        check_source_topics,
         ensure_topics,
         missing_topics,
         replication,
@@ -213,6 +214,7 @@ def run_worker(
     key = load_key(cfg)  # before anything else: no key, no start
     # A refused password or certificate stops here, with one message naming the setting.
     brokers = check_connection(cfg.kafka, bootstrap)
+    check_source_topics(cfg, bootstrap)  # never created: a missing one stops here
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
@@ -243,7 +245,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     import threading
 
     from ..ingest.consumer import run_ingest
-    from ..kafka.topics import ensure_ingest_topics
+    from ..kafka.topics import check_source_topics, ensure_ingest_topics
     from ..worker.exits import EXIT_STOPPED_UNFLUSHED
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [ingest] %(message)s")
@@ -251,6 +253,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     bootstrap = connected(cfg, args.bootstrap)
     # An ingest configured for another partition count would route users to partitions
     # whose stage 1 does not own them: refused here, before it reads anything.
+    check_source_topics(cfg, bootstrap)
     ensure_ingest_topics(cfg, bootstrap)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -282,7 +285,7 @@ def _jsonl(path: str):
 
 def cmd_produce(args: argparse.Namespace) -> int:
     from ..kafka.clients import make_producer, produce_events
-    from ..kafka.topics import ensure_topics
+    from ..kafka.topics import create_source_topics
     from .synthetic import synthetic_events
 
     cfg = load_config(args.config)
@@ -292,8 +295,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
         events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
     serialize = _serializer(args, cfg, events)  # a wrong flag stops before Kafka is asked
     bootstrap = connected(cfg, args.bootstrap)
-    # The source topics only: a producer needs no right on dpstream's own.
-    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
+    # As a user's producer setup would (dpstream's worker never creates them); a producer
+    # needs no right on dpstream's own topics.
+    create_source_topics(cfg, bootstrap)
     producer = make_producer(bootstrap, cfg.kafka)
     chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
     sent = 0

@@ -23,7 +23,7 @@ from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy.broker import kafka_broker
 
 from ..kafka.clients import make_producer, produce_events, read_releases
-from ..kafka.topics import ensure_topics
+from ..kafka.topics import create_source_topics, ensure_topics
 from ..worker.processes import spawn_worker, stop_worker
 from .export import export_log
 from .replay import replay
@@ -75,6 +75,7 @@ def run_demo(duration: float, users: int, rate: float, out: Path, fmt: str = "js
         cfg = parse_config(data, "demo config")
         config_path.write_text(yaml.safe_dump(data, sort_keys=False))
         print(f"broker at {bootstrap}; starting a dpstream worker", flush=True)
+        create_source_topics(cfg, bootstrap)  # the demo's producer's, as a user's would be
         ensure_topics(cfg, bootstrap)
         worker = spawn_worker(config_path, bootstrap, out / "worker.log", loglevel="warning")
         try:

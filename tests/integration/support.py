@@ -26,6 +26,7 @@ from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.broker import containers_required, docker_available
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.tools.export import LOG_MAC, export_log
 from dpstream.pipeline.tools.replay import replay
 from dpstream.pipeline.worker.keys import load_noise
@@ -68,6 +69,7 @@ def worker_pool(bootstrap: str, directory: Path) -> Iterator[Callable[..., Worke
         config_path = directory / f"{cfg.app_id}.yaml"
         config_path.write_text(yaml.safe_dump(data))
         log_path = directory / f"{cfg.app_id}.log"
+        create_source_topics(cfg, bootstrap)  # as a user's producer setup would
         proc = spawn_worker(config_path, bootstrap, log_path, env)
         worker = WorkerProcess(cfg, config_path, log_path, proc)
         started.append(worker)

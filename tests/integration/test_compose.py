@@ -34,7 +34,7 @@ from dpstream.deploy.broker import (
     wait_for_metadata,
 )
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
-from dpstream.pipeline.kafka.topics import ensure_topics
+from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
 from dpstream.pipeline.tools.synthetic import synthetic_events
 from tests.integration.support import FAST_REJOIN, TopicReader, deduplicated, require_docker
 
@@ -195,6 +195,7 @@ def test_compose_worker_sigkill_restart_releases_equal_replay(compose, tmp_path)
     cfg = load_config(DEMO_CONFIG)
     compose("up", "-d", "--no-build")
     wait_for_metadata(compose.bootstrap, 120)
+    create_source_topics(cfg, compose.bootstrap)
     ensure_topics(cfg, compose.bootstrap)  # the same topics the worker creates
     traffic = Traffic(compose.bootstrap)
     traffic.start()

@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, TopicPartition
 from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
-from dpstream.pipeline.kafka.topics import changelog_topics, group_id
+from dpstream.pipeline.kafka.topics import changelog_topics, create_source_topics, group_id
 from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.wire.records import partition_for
 from dpstream.pipeline.worker.exits import EXIT_INTERNAL_ERROR
@@ -84,6 +84,7 @@ def start_worker(bootstrap: str, directory: Path, data: dict, env: dict[str, str
     config_path = directory / f"{cfg.app_id}.yaml"
     config_path.write_text(yaml.safe_dump(data))
     log_path = directory / f"{cfg.app_id}.log"
+    create_source_topics(cfg, bootstrap)
     return WorkerProcess(
         cfg, config_path, log_path, spawn_worker(config_path, bootstrap, log_path, env)
     )

@@ -904,10 +904,11 @@ def test_a_dpstream_header_without_a_value_is_an_ordinary_bad_record():
 
 
 def test_a_dpstream_header_without_a_value_in_the_events_topic_is_skipped(bootstrap):
-    from dpstream.pipeline.kafka.topics import ensure_topics
+    from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
     from dpstream.pipeline.wire.records import encode_tick
 
     cfg = parse_config(unique_names(pipeline_config({"mode": "insecure_zero"})))
+    create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)
     producer = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
     tick = math.floor(time.time() / TICK_SECONDS) - 1  # just ended: the marker is honest

@@ -11,7 +11,9 @@ import pytest
 import yaml
 from confluent_kafka import KafkaException
 
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.kafka.clients import read_topic
+from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from tests.integration.support import wait_until
 
@@ -115,6 +117,7 @@ def test_a_ledger_topic_that_could_forget_is_refused(bootstrap, tmp_path):
     admin = AdminClient({"bootstrap.servers": bootstrap})
     ledger = data["outputs"]["ledger_topic"]
     admin.create_topics([NewTopic(ledger, 1, 1)])[ledger].result()  # the broker's 7 days
+    create_source_topics(parse_config(data), bootstrap)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
     out = start(bootstrap, path)

@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, Producer
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.ingest.consumer import Ingest, consumer_config, source_lag
 from dpstream.pipeline.kafka.clients import read_topic
-from dpstream.pipeline.kafka.topics import ensure_topics
+from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
 from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.wire.records import decode_envelope, limits_for, rules_fingerprint
 from dpstream.pipeline.worker.exits import EXIT_INTERNAL_ERROR
@@ -110,6 +110,7 @@ def start(
     path = directory / f"{cfg.app_id}{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     log = directory / f"{cfg.app_id}.{time.monotonic_ns()}.log"
+    create_source_topics(cfg, bootstrap)
     proc = spawn_worker(path, bootstrap, log, env, command=command)
     return WorkerProcess(cfg, path, log, proc)
 
@@ -375,6 +376,7 @@ def test_records_arriving_one_by_one_within_the_wait_go_out_as_one_batch(bootstr
     # A wait far longer than the trickle takes: the batch ends when it is full.
     data["input"].update(partitions=4, ingest_batch=records, ingest_wait_ms=3_000)
     cfg = parse_config(data)
+    create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)
     ingest, stop = Ingest(cfg, bootstrap), threading.Event()
     running = threading.Thread(target=ingest.run, args=(stop,))
@@ -430,6 +432,7 @@ def test_a_read_across_a_rebalance_sends_each_source_partition_in_order(bootstra
     # One read of 10 s: a second member joins the group during it.
     data["input"].update(partitions=2, ingest_batch=100_000, ingest_wait_ms=10_000)
     cfg = parse_config(data)
+    create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)
     source = cfg.input.topics[0]
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -494,6 +497,7 @@ def test_ctrl_c_in_a_terminal_stops_the_worker_and_its_ingest_cleanly(bootstrap,
     path = tmp_path / "worker.yaml"
     path.write_text(yaml.safe_dump(data))
     log = tmp_path / "worker.log"
+    create_source_topics(cfg, bootstrap)
     cmd = [sys.executable, "-m", "dpstream.pipeline.tools.cli", "worker"]
     cmd += ["--config", str(path), "--bootstrap", bootstrap]
     with open(log, "wb") as out:  # its own process group, as a shell gives it
@@ -522,6 +526,7 @@ def test_a_stand_alone_ingest_with_another_partition_count_is_refused_at_start(b
     user counted on two partitions: twice its bound). ``dpstream ingest`` refuses to start,
     naming input.partitions, before it reads a record."""
     data, _ = counting_pipeline(bootstrap)
+    create_source_topics(parse_config(data), bootstrap)
     ensure_topics(parse_config(data), bootstrap)  # the worker's topics: 4 partitions
     drifted = {**data, "input": {**data["input"], "partitions": 8}}
     ingest = start(bootstrap, tmp_path, drifted, command=("ingest",), name="-drifted")

@@ -38,7 +38,7 @@ from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import _free_ports
 from dpstream.pipeline.ingest.consumer import Ingest, source_lag
 from dpstream.pipeline.kafka.clients import read_topic
-from dpstream.pipeline.kafka.topics import ensure_topics
+from dpstream.pipeline.kafka.topics import create_source_topics, ensure_topics
 from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.worker.processes import spawn_worker
 from dpstream.testing import unique_names
@@ -91,6 +91,7 @@ def start(bootstrap: str, directory: Path, data: dict) -> WorkerProcess:
     path = directory / f"{cfg.app_id}.yaml"
     path.write_text(yaml.safe_dump(data))
     log = directory / f"{cfg.app_id}.log"
+    create_source_topics(cfg, bootstrap)
     return WorkerProcess(cfg, path, log, spawn_worker(path, bootstrap, log))
 
 
@@ -284,6 +285,7 @@ def test_a_registry_that_does_not_answer_pauses_the_ingest_and_loses_nothing(
     cfg = parse_config(down)
     topic = cfg.input.topics[0]
     producers.create_source_topic(bootstrap, topic, partitions=1)
+    create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)
     events = shop_events(7, 30)
     produce_as_users_do(bootstrap, schema_registry, "avro", topic, events)

@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient
 
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.tools.synthetic import synthetic_events
 from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from dpstream.testing import unique_names
@@ -124,6 +125,7 @@ def test_the_noise_key_is_in_no_log_topic_changelog_or_file(bootstrap, tmp_path)
     workdir = tmp_path / "tmp"  # the worker's TMPDIR: its Faust data directory lands here
     workdir.mkdir()
     env = {KEY_ENV: material.decode(), "TMPDIR": str(workdir)}
+    create_source_topics(cfg, bootstrap)
     proc = spawn_worker(config_path, bootstrap, log_path, env, loglevel="debug")
     worker = WorkerProcess(cfg, config_path, log_path, proc)
     rd = readers(bootstrap, worker)
@@ -235,6 +237,7 @@ def test_the_insecure_mode_needs_no_key_and_stamps_every_release(bootstrap, tmp_
     config_path.write_text(yaml.safe_dump(data))
     clean = {k: v for k, v in os.environ.items() if k != "DPSTREAM_NOISE_KEY"}
     log_path = tmp_path / "worker.log"
+    create_source_topics(cfg, bootstrap)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(  # no key anywhere in its environment
             [*CLI, "worker", "--config", str(config_path), "--bootstrap", bootstrap],

@@ -18,6 +18,7 @@ import yaml
 from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.kafka.client_logs import INTERVAL_SECONDS
+from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.worker.exits import EXIT_STOPPED_UNFLUSHED
 from dpstream.pipeline.worker.lifecycle import STOP_SECONDS
 from dpstream.pipeline.worker.processes import spawn_worker
@@ -47,6 +48,7 @@ def test_a_worker_whose_broker_is_gone_stops_within_its_bound_and_logs_each_caus
         config_path = tmp_path / "worker.yaml"
         config_path.write_text(yaml.safe_dump(data))
         log_path = tmp_path / "worker.log"
+        create_source_topics(cfg, kafka.bootstrap)
         # WARNING: the level at which Faust's spinner wrote terminal codes into the log.
         proc = spawn_worker(config_path, kafka.bootstrap, log_path, loglevel="warning")
         reader = TopicReader(kafka.bootstrap, cfg.release_topic("views"))

@@ -8,11 +8,12 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 
 import pytest
 
 from dpstream.config.schema import parse_config
-from dpstream.pipeline.ingest.consumer import Ingest, _Batch
+from dpstream.pipeline.ingest.consumer import Ingest, _Batch, all_dead_lettered, consumer_config
 from tests.config_builders import minimal
 
 
@@ -57,3 +58,22 @@ def test_a_wait_for_acknowledgements_ends_when_the_stop_is_set(nowhere):
 
 def test_a_stop_with_nothing_under_way_is_clean(nowhere):
     assert Ingest(parse_config(minimal()), nowhere).close(seconds=5.0) is True
+
+
+def test_an_interval_where_every_record_was_dead_lettered_warns_with_the_top_reasons():
+    # Before, a mistyped input.user_id_field dead-lettered every event, and the only sign
+    # was an INFO line every 10 s.
+    rejected = Counter({"missing user id": 900, "not valid JSON": 7, "a": 2, "b": 1})
+    assert all_dead_lettered(0, rejected) == (
+        "ingest: every source record of the last 10 s was dead-lettered (910 records; the "
+        "statistics receive none); top reasons: missing user id (900); not valid JSON (7); "
+        "a (2)"
+    )
+    assert all_dead_lettered(1, rejected) is None  # one event got through
+    assert all_dead_lettered(0, Counter()) is None  # nothing was read
+
+
+@pytest.mark.parametrize("start", ["earliest", "latest"])
+def test_input_start_is_the_ingest_groups_offset_reset(start):
+    cfg = parse_config(minimal(input__start=start))
+    assert consumer_config(cfg, "b:9092")["auto.offset.reset"] == start

@@ -88,3 +88,72 @@ def test_a_small_cluster_and_an_under_replicated_topic_are_warned_about(caplog):
     assert "the cluster has 1 broker(s): dpstream's new topics get replication factor 1" in (
         caplog.records[0].getMessage()
     )
+
+
+class Admin:
+    """An AdminClient's list_topics, the topics appearing after ``appear_after`` calls."""
+
+    def __init__(self, existing: set[str], later: set[str] = frozenset(), appear_after: int = 0):
+        self.existing, self.later, self.appear_after, self.calls = existing, later, appear_after, 0
+
+    def list_topics(self, timeout: float) -> SimpleNamespace:
+        self.calls += 1
+        shown = self.existing | (self.later if self.calls > self.appear_after else set())
+        return SimpleNamespace(topics=dict.fromkeys(shown))
+
+
+def with_sources(*names: str, wait: float = 0.0):
+    return parse_config(
+        {
+            "input": {"topics": list(names), "wait_for_topics_seconds": wait},
+            "privacy": {"total_epsilon": 1.0},
+            "statistics": [{"name": "a", "epsilon": 1.0, "tau": 2}],
+        }
+    )
+
+
+def test_a_missing_source_topic_stops_the_start_naming_input_topics(monkeypatch):
+    # Before, ensure_topics created it (6 partitions from a typo) and the worker released
+    # pure noise from an empty topic.
+    monkeypatch.setattr(topics, "admin", lambda *a: Admin({"clicks"}))
+    with pytest.raises(topics.ConfigError) as raised:
+        topics.check_source_topics(with_sources("clicks", "clikcs"), "b:9092")
+    assert str(raised.value).startswith(
+        "input.topics: source topic 'clikcs' does not exist (1 of 2 missing: clikcs); "
+        "dpstream never creates source topics"
+    )
+    topics.check_source_topics(with_sources("clicks"), "b:9092")  # present: no error
+
+
+def test_input_wait_for_topics_seconds_waits_for_a_source_created_later(monkeypatch, caplog):
+    admin = Admin(set(), later={"clicks"}, appear_after=2)
+    monkeypatch.setattr(topics, "admin", lambda *a: admin)
+    monkeypatch.setattr(topics, "SOURCE_POLL_SECONDS", 0.01)
+    with caplog.at_level(logging.WARNING):
+        topics.check_source_topics(with_sources("clicks", wait=30), "b:9092")
+    assert admin.calls == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "input.topics: waiting up to 30 s for clicks"
+    ]
+    monkeypatch.setattr(topics, "admin", lambda *a: Admin(set()))
+    with pytest.raises(topics.ConfigError, match="'clicks' does not exist after waiting 0.05 s"):
+        topics.check_source_topics(with_sources("clicks", wait=0.05), "b:9092")
+
+
+def test_dpstreams_own_topic_creation_never_includes_a_source(monkeypatch):
+    created: list[str] = []
+
+    def create(client, cfg, metadata, plan, timeout):
+        created.extend(name for name in plan if name not in metadata.topics)
+        return created
+
+    metadata = SimpleNamespace(topics={}, brokers={1: None})
+    admin = SimpleNamespace(list_topics=lambda timeout: metadata)
+    monkeypatch.setattr(topics, "admin", lambda *a: admin)
+    monkeypatch.setattr(topics, "_create_missing", create)
+    monkeypatch.setattr(topics, "_check_timestamps", lambda *a: None)
+    topics.ensure_topics(CFG, "b:9092")
+    assert "clicks" not in created and set(created) == set(topic_plan(CFG))
+    created.clear()
+    topics.create_source_topics(CFG, "b:9092")  # the producer tools' and the test kit's
+    assert created == ["clicks"]
