@@ -144,7 +144,8 @@ class Pipeline:
         return self._proc is not None and self._proc.poll() is None
 
     def produce(self, events: Iterable[dict[str, Any]]) -> int:
-        """Send events (dicts with ``user_id``, ``key``, ...) to the source topic; flushed."""
+        """Send events (dicts with the user id at ``input.user_id_field``, ``key``, ...) to
+        the source topic, keyed by that user id; flushed."""
         from dpstream.pipeline.kafka.clients import make_producer, produce_events
 
         if self._producer is None:

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
 
-from ..wire.records import BATCH, HEADER
+from ..wire.records import BATCH, HEADER, user_id_of
 from .client_logs import error_callback
 from .security import confluent_config
 from .topics import group_id
@@ -43,10 +43,13 @@ def produce_events(
     batch: int = 1,
     serialize: Callable[[dict], bytes] = orjson.dumps,
 ) -> int:
-    """Send events to the first source topic, keyed by user id; with ``batch > 1`` as
-    batch envelopes (JSON arrays of ``batch`` events) that the ingest splits again.
-    ``serialize``: an event's record value (JSON; ``tools.avro_events`` writes Avro)."""
+    """Send events to the first source topic, keyed by user id (at ``input.user_id_field``,
+    a dotted path for a nested one; no key for an event without one, which the ingest
+    dead-letters); with ``batch > 1`` as batch envelopes (JSON arrays of ``batch`` events)
+    that the ingest splits again. ``serialize``: an event's record value (JSON;
+    ``tools.avro_events`` writes Avro)."""
     topic = cfg.input.topics[0]
+    field = cfg.input.user_id_field
     sent = 0
     buffer: list[dict] = []
 
@@ -56,7 +59,9 @@ def produce_events(
 
     for event in events:
         if batch <= 1:
-            producer.produce(topic, key=str(event["user_id"]).encode(), value=serialize(event))
+            user_id = user_id_of(event, field)
+            key = None if user_id is None else str(user_id).encode()
+            producer.produce(topic, key=key, value=serialize(event))
         else:
             buffer.append(event)
             if len(buffer) >= batch:

@@ -292,7 +292,14 @@ def cmd_produce(args: argparse.Namespace) -> int:
     if args.events:
         events = list(_jsonl(args.events))
     else:
-        events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
+        events = list(
+            synthetic_events(
+                args.synthetic_users,
+                args.count,
+                seed=args.seed,
+                user_id_field=cfg.input.user_id_field,
+            )
+        )
     serialize = _serializer(args, cfg, events)  # a wrong flag stops before Kafka is asked
     bootstrap = connected(cfg, args.bootstrap)
     # As a user's producer setup would (dpstream's worker never creates them); a producer

@@ -223,6 +223,12 @@ def _nested(obj: object, path: tuple[str, ...]) -> object:
     return obj
 
 
+def user_id_of(event: object, user_id_field: str) -> object:
+    """The value at ``input.user_id_field`` (a dotted path) of a decoded event, or None:
+    what a producer keys a record by, as the ingest reads it (not validated here)."""
+    return _nested(event, tuple(user_id_field.split(".")))
+
+
 def _bad_user_id(user_id: object, name: str) -> BadRecord:
     if user_id is None:
         return BadRecord(f"missing {name}")

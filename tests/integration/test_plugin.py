@@ -3,12 +3,38 @@ spirit -- a worker on a zero-noise config, events in, exact releases out."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import orjson
 import pytest
 
-from tests.integration.scenarios import zero_noise_count_of_clicks
+from tests.integration.scenarios import CONFIG, zero_noise_count_of_clicks
 
 pytestmark = pytest.mark.integration
 
 
 def test_zero_noise_count_of_clicks(dpstream_pipeline):
     zero_noise_count_of_clicks(dpstream_pipeline)
+
+
+def test_a_nested_user_id_through_pipeline_produce_and_dpstream_produce(
+    dpstream_pipeline, tmp_path
+):
+    # Before, both raised KeyError: 'user_id' when input.user_id_field is actor.id.
+    config = {**CONFIG, "input": {**CONFIG["input"], "user_id_field": "actor.id"}}
+    pipeline = dpstream_pipeline(config)
+    pipeline.produce([{"actor": {"id": f"u{i % 3}"}, "key": "click"} for i in range(9)])
+    # Three users, each counted at most tau = 2 times.
+    pipeline.releases("clicks", until=lambda r: r[-1]["value"] == 6)
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"".join(orjson.dumps({"actor": {"id": "u7"}, "key": "click"}) + b"\n"
+                                for _ in range(3)))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "dpstream.pipeline.tools.cli", "produce", "--config",
+         str(pipeline.config_path), "--bootstrap", pipeline.bootstrap, "--events", str(events)],
+        capture_output=True,
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr.decode()
+    pipeline.releases("clicks", until=lambda r: r[-1]["value"] == 8)  # u7 counted twice
