@@ -162,6 +162,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.file)
     statement = cfg.privacy_statement()
+    live = _live_lines(cfg, args) if args.live else []  # a refusal stops before "OK"
     print(f"{args.file}: OK")
     print(
         f"  source {', '.join(cfg.input.topics)} ({_format_line(cfg)}, "
@@ -172,9 +173,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     )
     for s in cfg.statistics:
         print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
-    for line in statement.describe():
+    for line in live or statement.describe():
         print(f"  {line}")
     return 0
+
+
+def _live_lines(cfg: PipelineConfig, args: argparse.Namespace) -> list[str]:
+    """``check-config --live``: what a worker starting now would refuse, it refuses."""
+    from .ledger_view import live_check
+
+    return live_check(cfg, resolve_bootstrap(args.bootstrap))
 
 
 def _format_line(cfg: PipelineConfig) -> str:
@@ -405,7 +413,8 @@ def cmd_export_log(args: argparse.Namespace) -> int:
 
 def cmd_ledger(args: argparse.Namespace) -> int:
     from ..worker.keys import load_key
-    from ..worker.ledger import history_of, plan, read_records, record_statement, runs_of
+    from ..worker.ledger import record_statement
+    from .ledger_view import ledger_report
 
     cfg = load_config(args.config)
     bootstrap = connected(cfg, args.bootstrap)
@@ -417,23 +426,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         for line in adopted.statement.describe():
             print(line)
         return 0
-    history = history_of(cfg, read_records(cfg, bootstrap), key)
-    runs, retired, _ = runs_of(history.statements)
-    print(f"ledger {cfg.outputs.ledger_topic}, app_id {cfg.app_id}:")
-    for entry in history.statements:
-        print(
-            f"  statement: {', '.join(entry['identities'])} -> one user can lose at most "
-            f"{entry['per_user_total']:g} of total_epsilon={entry['total_epsilon']:g}"
-        )
-    for name, run in sorted(runs.items()):
-        spent = "" if run.charge is None else f" charged {float(run.charge.epsilon):g}"
-        start = history.starts.get((name, run.run_id))
-        since = "not released yet" if start is None else f"released from tick {start}"
-        print(f"  {name}: run {run.run_id}{spent}, {since}")
-    for (name, run_id), charge in sorted(retired.items()):
-        print(f"  {name} (retired run {run_id}): {float(charge.epsilon):g}")
-    for line in plan(cfg, history, key).statement.describe():
-        print(f"  {line}")
+    for line in ledger_report(cfg, bootstrap, key):
+        print(line)
     return 0
 
 
@@ -485,6 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-config", help="validate a pipeline definition")
     p.add_argument("file")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="also check against Kafka, reading only: the key, the connection, the source "
+        "topics, the ledger (what a worker starting now would refuse)",
+    )
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers, with --live")
     p.set_defaults(func=cmd_check_config)
 
     p = with_config(sub.add_parser("worker", help="run a dpstream worker (Faust)"))

@@ -87,6 +87,14 @@ def read_records(
     cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0
 ) -> list[tuple[int, Any]]:
     """The ledger topic's records as (offset, decoded JSON or None), oldest first."""
+    return [(offset, entry) for offset, _, entry in read_timed_records(cfg, bootstrap, timeout)]
+
+
+def read_timed_records(
+    cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0
+) -> list[tuple[int, int, Any]]:
+    """The ledger topic's records as (offset, timestamp in ms, decoded JSON or None),
+    oldest first: the timestamp is the one the writer set (CreateTime)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -99,12 +107,12 @@ def read_records(
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    out = []
-    for offset, _, value, _ in records.get(0, []):
+    out: list[tuple[int, int, Any]] = []
+    for offset, _, value, timestamp in records.get(0, []):
         try:
-            out.append((offset, orjson.loads(value or b"")))
+            out.append((offset, timestamp, orjson.loads(value or b"")))
         except orjson.JSONDecodeError:
-            out.append((offset, None))  # not ours
+            out.append((offset, timestamp, None))  # not ours
     return out
 
 

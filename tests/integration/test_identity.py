@@ -159,8 +159,12 @@ def test_a_lost_stage2_changelog_is_refused_until_charged_again(
     old_run, new_run = (entry["run_id"] for entry in starts(bootstrap, data))
     assert old_run != new_run
     history = cli(bootstrap, "ledger", "--config", str(worker.config_path)).stdout.decode()
-    assert f"events (retired run {old_run}): 1" in history, history
-    assert f"events: run {new_run} charged 1, released from tick" in history, history
+    # What each statistic spent over its runs, and what is left (dpstream ledger).
+    assert f"  events: 2 (run {new_run}: 1, released from tick" in history, history
+    assert f"; earlier runs: {old_run} 1)" in history, history
+    assert "left: 0 of total_epsilon=2 (spent 2, retired runs included" in history, history
+    # Three statements with their times: the first start, the charge again, the restart.
+    assert history.count(" UTC: events 1") == 3 and "; begun anew: events ->" in history, history
 
 
 def starts(bootstrap: str, data: dict) -> list[dict]:
@@ -213,3 +217,43 @@ def test_a_public_counts_pipeline_over_a_whole_user_pipeline_s_source_is_refused
     out = start(bootstrap, path)
     assert out.returncode == 2, out.stderr.decode()
     assert f"privacy.public_counts: pipeline {data['app_id']!r} reads" in out.stderr.decode()
+
+
+def test_check_config_live_refuses_what_the_worker_would_and_writes_nothing(
+    bootstrap, tmp_path, worker_factory
+):
+    # Before, check-config said OK where the worker then refused (no key, a statistic
+    # changed in place, another key), and had no way to ask Kafka.
+    data, worker = ran_once(bootstrap, worker_factory)
+    path = str(worker.config_path)
+    ok = cli(bootstrap, "check-config", path, "--live")
+    assert ok.returncode == 0, ok.stderr.decode()
+    out = ok.stdout.decode()
+    assert f"ledger {data['outputs']['ledger_topic']}: 1 statement(s) of app_id" in out, out
+    assert "one user can lose at most 1 over the whole stream" in out, out
+    no_key = subprocess.run(
+        [*CLI, "check-config", path, "--live", "--bootstrap", bootstrap],
+        capture_output=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert no_key.returncode == 2
+    assert (
+        "noise.key_env: environment variable DPSTREAM_TEST_KEY is not set" in no_key.stderr.decode()
+    )
+    other = cli(
+        bootstrap,
+        "check-config",
+        path,
+        "--live",
+        key="bab249b4253814a875520366d4acc8f03ef25344cb5b15daa751c54ebd58e80f",
+    )
+    assert other.returncode == 2 and "written under another noise key" in other.stderr.decode()
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(
+        yaml.safe_dump({**data, "statistics": [{**data["statistics"][0], "epsilon": 0.5}]})
+    )
+    refused = cli(bootstrap, "check-config", str(changed), "--live")
+    assert refused.returncode == 2
+    assert "statistics[0].epsilon: statistic 'events' ran under app_id" in refused.stderr.decode()
+    assert len(statements(bootstrap, data)) == 1  # nothing was written
