@@ -46,7 +46,8 @@ from dpstream.operators.errors import DpStreamError
 logger = logging.getLogger(__name__)
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[1]
-"""The source checkout (``pip install -e .`` keeps ``pipeline/`` inside it)."""
+"""The source checkout (``pip install -e .`` keeps ``pipeline/`` inside it); in an
+installed wheel, the ``dpstream`` package directory."""
 
 KAFKA_VERSION = "4.1.1"
 """The one Kafka version of dpstream: jars, the test container image and the compose file."""
@@ -90,9 +91,31 @@ class BrokerError(DpStreamError):
 # --------------------------------------------------------------------------- jars
 
 
+def source_checkout() -> bool:
+    """Whether dpstream runs from its source checkout (an editable install), not from an
+    installed wheel (whose ``deploy/`` holds the pom and the log config as package data)."""
+    return (REPO_ROOT / "pyproject.toml").is_file()
+
+
+def home_dir() -> Path:
+    """Where dpstream keeps its local state (``.dpstream/``: the detached broker's and
+    registry's whereabouts; from a wheel, the fetched jars too): ``$DPSTREAM_HOME`` if set,
+    else the source checkout, else the user's home directory (never site-packages)."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home)
+    return REPO_ROOT if source_checkout() else Path.home()
+
+
+def cache_dir() -> Path:
+    """Where fetched jars go: ``deploy/.cache`` in a source checkout, else
+    ``<home_dir>/.dpstream/cache``."""
+    return DEPLOY_DIR / ".cache" if source_checkout() else home_dir() / ".dpstream" / "cache"
+
+
 def jar_dir() -> Path:
     """Where :func:`fetch_jars` puts the jars of :data:`KAFKA_VERSION`."""
-    return DEPLOY_DIR / ".cache" / f"kafka-{KAFKA_VERSION}"
+    return cache_dir() / f"kafka-{KAFKA_VERSION}"
 
 
 def require_tool(name: str, hint: str) -> str:
@@ -128,8 +151,8 @@ def _jars_complete(target: Path) -> bool:
 def fetch_jars(*, quiet: bool = True) -> Path:
     """Fetch the Kafka broker jars with Maven, once.
 
-    Runs ``mvn dependency:copy-dependencies`` on ``deploy/pom.xml`` into
-    ``deploy/.cache/kafka-<KAFKA_VERSION>/`` unless a marker file from an earlier successful
+    Runs ``mvn dependency:copy-dependencies`` on ``deploy/pom.xml`` (package data) into
+    :func:`jar_dir` unless a marker file from an earlier successful
     run (holding a digest of the pom) is present. Concurrent callers serialise on a lock file.
 
     Args:
@@ -139,13 +162,13 @@ def fetch_jars(*, quiet: bool = True) -> Path:
         The directory holding the jars (use it as ``<dir>/*`` on a Java classpath).
 
     Raises:
-        BrokerError: ``deploy/pom.xml`` is missing (not a source checkout), ``mvn`` or
+        BrokerError: ``deploy/pom.xml`` is missing (a broken install), ``mvn`` or
             ``java`` is not installed, or Maven failed.
     """
     if not POM_FILE.is_file():
         raise BrokerError(
-            f"{POM_FILE} not found: the local Kafka broker needs a dpstream source checkout "
-            "(pip install -e .), or set KAFKA_BOOTSTRAP_SERVERS to use an existing broker."
+            f"{POM_FILE} not found: reinstall dpstream, or set KAFKA_BOOTSTRAP_SERVERS to use "
+            "an existing broker."
         )
     target = jar_dir()
     if _jars_complete(target):
@@ -176,7 +199,7 @@ def fetch_jars(*, quiet: bool = True) -> Path:
         # Fixed argument list, no shell: the only inputs are our own paths and constants.
         result = subprocess.run(  # noqa: S603
             cmd,
-            cwd=DEPLOY_DIR,
+            cwd=target.parent,  # writable, where an installed package may not be
             stdin=subprocess.DEVNULL,
             capture_output=quiet,
             text=True,
@@ -977,9 +1000,8 @@ def kafka_broker() -> Iterator[str]:
 
 
 def state_file() -> Path:
-    """``.dpstream/broker.json`` under ``$DPSTREAM_HOME`` if set, else under :data:`REPO_ROOT`."""
-    home = os.environ.get(HOME_ENV)
-    return (Path(home) if home else REPO_ROOT) / ".dpstream" / "broker.json"
+    """``.dpstream/broker.json`` under :func:`home_dir`."""
+    return home_dir() / ".dpstream" / "broker.json"
 
 
 def _read_state() -> dict[str, Any] | None:
@@ -1032,7 +1054,9 @@ def running_detached() -> LocalKafka | None:
 
 
 def start_detached(
-    timeout: float = 60.0, start: Callable[[float], LocalKafka] | None = None
+    timeout: float = 60.0,
+    start: Callable[[float], LocalKafka] | None = None,
+    data_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Start a background :class:`LocalKafka` that outlives this process, or reuse a live one.
 
@@ -1040,6 +1064,8 @@ def start_detached(
         timeout: Seconds to wait for a new broker to answer.
         start: Starts the broker, given ``timeout`` (default: :meth:`LocalKafka.start`;
             a secured one: ``deploy/secure_broker.py``).
+        data_dir: Keep the broker's data there (:func:`start_on_data`); default a temp dir
+            that :func:`stop_detached` removes.
 
     Returns:
         ``{bootstrap, pid, data_dir, log_file, owns_data_dir}`` plus ``already_running``.
@@ -1056,7 +1082,9 @@ def start_detached(
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 _from_state(stale).stop()  # dead: only removes its temp data dir
         state_file().unlink(missing_ok=True)
-    kafka = start(timeout) if start is not None else LocalKafka.start(timeout=timeout)
+    if start is None:
+        start = start_on_data(data_dir)
+    kafka = start(timeout)
     kafka.detach()
     state = {
         "bootstrap": kafka.bootstrap,
@@ -1071,6 +1099,20 @@ def start_detached(
     tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return {**state, "already_running": False}
+
+
+def start_on_data(data_dir: Path | None) -> Callable[[float], LocalKafka]:
+    """A start of :class:`LocalKafka` on ``data_dir``, kept when it stops: started again on
+    the same directory, the broker has its topics, offsets and ports back (its clients know
+    only its old address); fresh ports only if the old ones are taken. None: a temp
+    directory, removed when it stops."""
+
+    def start(timeout: float) -> LocalKafka:
+        if data_dir is None:
+            return LocalKafka.start(timeout=timeout)
+        return LocalKafka.start(data_dir=data_dir, timeout=timeout, owns_data_dir=False)
+
+    return start
 
 
 def stop_detached(timeout: float = 20.0) -> bool:

@@ -48,15 +48,14 @@ from typing import Any
 from dpstream.operators.errors import DpStreamError
 
 from .broker import (
-    DEPLOY_DIR,
-    HOME_ENV,
-    REPO_ROOT,
     _free_ports,
     _is_zombie,
     _java,
     _proc_cmdline,
     _reap,
     _tail,
+    cache_dir,
+    home_dir,
     require_tool,
 )
 
@@ -84,7 +83,7 @@ class RegistryError(DpStreamError):
 
 def registry_dir() -> Path:
     """Where :func:`fetch_registry` unpacks the application of :data:`APICURIO_VERSION`."""
-    return DEPLOY_DIR / ".cache" / f"apicurio-registry-{APICURIO_VERSION}"
+    return cache_dir() / f"apicurio-registry-{APICURIO_VERSION}"
 
 
 def _complete(target: Path) -> bool:
@@ -333,9 +332,8 @@ def schema_registry() -> Iterator[str]:
 
 
 def state_file() -> Path:
-    """``.dpstream/registry.json`` under ``$DPSTREAM_HOME`` if set, else the checkout."""
-    home = os.environ.get(HOME_ENV)
-    return (Path(home) if home else REPO_ROOT) / ".dpstream" / "registry.json"
+    """``.dpstream/registry.json`` under ``broker.home_dir``."""
+    return home_dir() / ".dpstream" / "registry.json"
 
 
 def _recorded() -> LocalRegistry | None:

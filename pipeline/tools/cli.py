@@ -51,13 +51,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
     elif args.action == "start" and args.secure:
         print(secured_broker_start())
     elif args.action == "start":
-        info = broker.start_detached()
+        info = broker.start_detached(data_dir=_data_dir(args))
         if secure_broker.is_secure(Path(info["data_dir"])):
             raise DpStreamError("a secured broker is running: `dpstream broker stop` it first")
         print(f"Kafka broker running at {info['bootstrap']}")
         print(f"  export KAFKA_BOOTSTRAP_SERVERS={info['bootstrap']}")
     elif args.action == "stop":
-        print("stopped" if broker.stop_detached() else "no local broker was running")
+        print(_broker_stopped(broker.status_detached(), broker.stop_detached()))
     else:
         status = broker.status_detached()
         if not status:
@@ -66,6 +66,23 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2, default=str).decode())
         return 0 if status.get("alive") else 1
     return 0
+
+
+def _broker_stopped(status: dict | None, stopped: bool) -> str:
+    if not stopped:
+        return "no local broker was running"
+    if status is not None and not status.get("owns_data_dir", True):
+        return f"stopped; its data is kept in {status['data_dir']} (broker start --data)"
+    return "stopped"
+
+
+def _data_dir(args: argparse.Namespace) -> Path | None:
+    """``broker start --data DIR``: the broker's data there, kept by ``broker stop``."""
+    if args.data is None:
+        return None
+    if args.secure:
+        raise DpStreamError("broker start: --data is for the plaintext broker, not --secure")
+    return Path(args.data).expanduser().resolve()
 
 
 def secured_broker_start() -> str:
@@ -461,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--secure",
         action="store_true",
         help="start: SASL_SSL (SCRAM) and mutual TLS listeners, ACLs enforced",
+    )
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="start: keep the broker's data in DIR (stop keeps it; a start on it again has "
+        "its topics, offsets and ports back)",
     )
     p.set_defaults(func=cmd_broker)
 

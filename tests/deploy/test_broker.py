@@ -124,3 +124,34 @@ def test_docker_available_asks_with_a_short_timeout_and_never_raises(monkeypatch
     monkeypatch.setattr(docker, "from_env", lambda timeout: Silent(timeout=timeout))
     assert docker_available() is False
     assert timeouts == [2]
+
+
+def test_an_installed_package_keeps_its_state_and_jars_out_of_site_packages(monkeypatch, tmp_path):
+    # From a wheel, REPO_ROOT is site-packages/dpstream: no pyproject.toml there.
+    installed = tmp_path / "site-packages" / "dpstream"
+    (installed / "deploy").mkdir(parents=True)
+    monkeypatch.setattr(broker, "REPO_ROOT", installed)
+    monkeypatch.setattr(broker, "DEPLOY_DIR", installed / "deploy")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DPSTREAM_HOME", raising=False)
+    assert not broker.source_checkout()
+    assert broker.state_file() == tmp_path / "home" / ".dpstream" / "broker.json"
+    assert broker.jar_dir() == tmp_path / "home" / ".dpstream" / "cache" / f"kafka-{KAFKA_VERSION}"
+    monkeypatch.setenv("DPSTREAM_HOME", str(tmp_path / "elsewhere"))
+    assert broker.jar_dir().parent == tmp_path / "elsewhere" / ".dpstream" / "cache"
+
+
+def test_a_source_checkout_keeps_its_jar_cache_in_deploy(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPSTREAM_HOME", str(tmp_path))
+    assert broker.source_checkout()
+    assert broker.jar_dir() == REPO_ROOT / "deploy" / ".cache" / f"kafka-{KAFKA_VERSION}"
+    assert broker.state_file() == tmp_path / ".dpstream" / "broker.json"
+
+
+def test_the_wheel_declares_what_broker_fetch_needs_as_package_data():
+    import tomllib
+
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    data = pyproject["tool"]["setuptools"]["package-data"]["dpstream.deploy"]
+    for needed in (broker.POM_FILE, broker.LOG4J_CONFIG):
+        assert needed.name in data and needed.parent == broker.DEPLOY_DIR
