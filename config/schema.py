@@ -982,6 +982,26 @@ def _field_path(loc: tuple[str | int, ...]) -> str:
     return path or "(top level)"
 
 
+_STATISTIC_AT = re.compile(r"^statistics\[(\d+)\]")
+
+
+def _named(line: str, data: object) -> str:
+    """``statistics[2].epsilon: ...`` with `` (statistic 'revenue')`` at its end where the
+    document names that statistic: a user thinks of statistics by name, not position. At
+    the end, so the field path stays the line's start, as every other error's does."""
+    at = _STATISTIC_AT.match(line)
+    stats = data.get("statistics") if isinstance(data, dict) else None
+    if at is None or not isinstance(stats, list) or int(at.group(1)) >= len(stats):
+        return line
+    stat = stats[int(at.group(1))]
+    name = stat.get("name") if isinstance(stat, dict) else None
+    if not isinstance(name, str) or not name:
+        return line
+    if f"'{name}'" in line:  # the message names it already
+        return line
+    return f"{line} (statistic {name!r})"
+
+
 def parse_config(data: object, source: str = "<config>") -> PipelineConfig:
     """Validate a decoded YAML document; raise ConfigError naming the offending field."""
     try:
@@ -994,11 +1014,11 @@ def parse_config(data: object, source: str = "<config>") -> PipelineConfig:
             # Model-level checks start their message with the field they are about.
             inner = re.match(r"^(\w+(?:\.\w+)*): ", msg)
             if not err["loc"]:
-                lines.append(msg)
+                lines.append(_named(msg, data))
             elif inner and err["type"] == "value_error":
-                lines.append(f"{field}.{msg}")
+                lines.append(_named(f"{field}.{msg}", data))
             else:
-                lines.append(f"{field}: {msg}")
+                lines.append(_named(f"{field}: {msg}", data))
         raise ConfigError(f"{source}: invalid config:\n  " + "\n  ".join(lines)) from None
 
 

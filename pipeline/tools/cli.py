@@ -364,12 +364,41 @@ def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    bootstrap = connected(cfg, args.bootstrap)
+    if not args.follow:
+        return _tail_to_end(cfg, bootstrap, args)
+    return _follow(cfg, bootstrap, args)
+
+
+def _tail_to_end(cfg: PipelineConfig, bootstrap: str, args: argparse.Namespace) -> int:
+    """``tail`` without ``--follow``: the releases up to the topic's end as it is now (every
+    one with ``--from-beginning``, else the latest), then exit."""
+    from confluent_kafka import KafkaException
+
+    from ..kafka.clients import read_topic
+    from ..kafka.topics import group_id
+
+    topic = cfg.release_topic(args.statistic)
+    group = group_id(cfg.app_id, f"tail-{args.statistic}")
+    try:
+        records = read_topic(bootstrap, topic, 1, security=cfg.kafka, group=group).get(0, [])
+    except KafkaException as exc:
+        raise DpStreamError(f"tail: cannot read {topic}: {exc.args[0].str()}") from None
+    values = [value for _, _, value, _ in records if value is not None]
+    for value in (values if args.from_beginning else values[-1:])[: args.max]:
+        sys.stdout.write(value.decode() + "\n")
+    return 0
+
+
+def _follow(cfg: PipelineConfig, bootstrap: str, args: argparse.Namespace) -> int:
+    """``tail --follow``: print releases as they come, until Ctrl-C, ``--max`` or
+    ``--timeout``."""
     from ..kafka.clients import read_releases
     from ..kafka.topics import group_id
 
-    cfg = load_config(args.config)
     consumer = read_releases(
-        connected(cfg, args.bootstrap),
+        bootstrap,
         cfg.release_topic(args.statistic),
         group=group_id(cfg.app_id, f"tail-{args.statistic}"),
         from_beginning=args.from_beginning,
@@ -550,9 +579,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = with_config(sub.add_parser("tail", help="print a statistic's releases as JSONL"))
     p.add_argument("statistic")
-    p.add_argument("--from-beginning", action="store_true")
-    p.add_argument("--max", type=int)
-    p.add_argument("--timeout", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="every release so far (default: the latest; with --follow: only new ones)",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing releases as they come (until Ctrl-C); default: exit at the end",
+    )
+    p.add_argument("--max", type=int, help="print at most this many releases")
+    p.add_argument("--timeout", type=float, help="with --follow: stop after this many seconds")
     p.set_defaults(func=cmd_tail)
 
     p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")

@@ -183,3 +183,17 @@ def test_the_release_delay_defaults_to_the_marker_period_plus_a_second(ticks, de
     cfg = parse_config({**MINIMAL, "ticks": ticks})
     assert cfg.ticks.release_delay == delay
     assert cfg.ticks.marker_period_seconds == min(cfg.ticks.interval_seconds / 4, 1.0)
+
+
+def test_an_error_about_a_statistic_names_it():
+    # Before: "statistics[1].epsilon: ..." alone, which the user had to count to.
+    data = minimal(statistics__0__name="views")
+    data["statistics"].append({"name": "revenue", "epsilon": -1, "tau": 2})
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data)
+    assert str(raised.value).splitlines()[1:] == [
+        "  statistics[1].epsilon: Input should be greater than 0 (statistic 'revenue')"
+    ]
+    data["statistics"][1] |= {"epsilon": 1, "name": "views"}  # a message naming it already
+    with pytest.raises(ConfigError, match=r"duplicate statistic name 'views'$"):
+        parse_config(data)

@@ -38,3 +38,28 @@ def test_a_nested_user_id_through_pipeline_produce_and_dpstream_produce(
     )  # fmt: skip
     assert out.returncode == 0, out.stderr.decode()
     pipeline.releases("clicks", until=lambda r: r[-1]["value"] == 8)  # u7 counted twice
+
+
+def test_tail_exits_at_the_end_of_the_topic_unless_it_follows(dpstream_pipeline):
+    # Before, `dpstream tail` followed the topic for ever (the README did not say so).
+    pipeline = dpstream_pipeline(CONFIG)
+    pipeline.produce([{"user_id": "u1", "key": "click"}])
+    seen = len(pipeline.releases("clicks", until=lambda r: r[-1]["value"] == 1))
+
+    def tail(*args: str) -> list[dict]:
+        out = subprocess.run(
+            [sys.executable, "-m", "dpstream.pipeline.tools.cli", "tail", "clicks", "--config",
+             str(pipeline.config_path), "--bootstrap", pipeline.bootstrap, *args],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr.decode()
+        return [orjson.loads(line) for line in out.stdout.splitlines()]
+
+    every = tail("--from-beginning")  # exits at the topic's end as it was
+    assert len(every) >= seen and [r["tick"] for r in every[:seen]] == [
+        r["tick"] for r in pipeline.releases("clicks")[:seen]
+    ]
+    (latest,) = tail()
+    assert latest["tick"] >= every[-1]["tick"]
+    followed = tail("--follow", "--max", "2", "--timeout", "60")  # the next two releases
+    assert len(followed) == 2 and followed[0]["tick"] > latest["tick"]
