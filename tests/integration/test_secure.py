@@ -129,7 +129,7 @@ def run_secured(secured: SecureKafka, listener: str, directory: Path, grant: str
         releases = {name: r.records[:] for name, r in rd.items()}
         most = str(len(releases["views"]))
         tail = cli("tail", "views", "--config", str(configs["reader"]), "--bootstrap", bootstrap,
-                   "--from-beginning", "--max", most, "--timeout", "60")  # fmt: skip
+                   "--from-beginning", "--follow", "--max", most, "--timeout", "60")  # fmt: skip
         log = directory / "events.jsonl"
         cli("export-log", "--config", str(configs["dpstream"]), "--bootstrap", bootstrap,
             "--out", str(log))  # fmt: skip
