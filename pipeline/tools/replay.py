@@ -47,6 +47,7 @@ def replay(
     noise: NoiseSource,
     rejected: list | None = None,
     runs: Mapping[str, StatisticRun] | None = None,
+    ledger: list[dict] | None = None,
 ) -> Iterator[dict]:
     """Yield every release (in order) that the pipeline would publish for this log.
 
@@ -57,7 +58,8 @@ def replay(
     topic's partitions that the stage-2 driver handles (``stages.drivers``: dedupe, dead
     letters and all). Every partition sees every marker; each marker's release marker
     follows its reports (when a tick is released changes when it is published, never what
-    it holds). ``rejected`` gets (line, index, reason) of each dead letter. The statistics'
+    it holds). ``rejected`` gets (line, index, reason) of each dead letter, ``ledger`` the
+    ledger entries stage 2 publishes (unsigned: the worker signs them). The statistics'
     runs are ``runs``, else the log header's (``export.py``), else ``OFFLINE_RUN``'s."""
     lines = iter(lines)
     first = next(lines, b"")
@@ -78,7 +80,7 @@ def replay(
         if isinstance(obj, dict) and LOG_MAC in obj:
             continue  # the trailer (``replay_file`` checks it)
         if isinstance(obj, dict) and "tick" in obj and "user_id" not in obj:
-            yield from topics.marker(line, lineno, rejected)
+            yield from topics.marker(line, lineno, rejected, ledger)
         else:
             topics.source_record(line, isinstance(obj, list), lineno, rejected)
 
@@ -118,7 +120,9 @@ class _Topics:
         for partition, value in routed.envelopes:
             self._stage1(partition, [(HEADER, ENVELOPE)], value)
 
-    def marker(self, line: bytes, lineno: int, rejected: list | None) -> Iterator[dict]:
+    def marker(
+        self, line: bytes, lineno: int, rejected: list | None, ledger: list[dict] | None
+    ) -> Iterator[dict]:
         """A tick marker in every events partition, its reports to stage 2, then its
         release marker in every stage-2 partition: the releases it publishes."""
         bad = False
@@ -134,6 +138,8 @@ class _Topics:
             return
         for partition in range(self.partitions):
             published = self._stage2(partition, [(HEADER, RELEASE)], line)
+            if ledger is not None:
+                ledger.extend(entry for _, entry in published.ledger)
             yield from (release for _, release in published.releases)
 
     def _stage1(self, partition: int, headers: list, value: bytes) -> Stage1Outcome:
