@@ -126,9 +126,7 @@ def kinds_of(kinds: list[str]) -> dict[str, Any]:
     return {"const": kinds[0]} if len(kinds) == 1 else {"enum": kinds}
 
 
-def document(
-    family: str, version: int, description: str, body: dict[str, Any]
-) -> dict[str, Any]:
+def document(family: str, version: int, description: str, body: dict[str, Any]) -> dict[str, Any]:
     return {
         "$schema": DIALECT,
         "$id": file_name(family, version),

@@ -5,10 +5,10 @@ stage-2 step and has three functions: ``make_statistic(stat, cfg)`` (its
 ``contract.Statistic``), ``describe(stat, cfg)`` (one line for ``dpstream check-config``)
 and ``identity(stat, cfg)`` (what shapes the statistic beyond its config: the mechanism as
 resolved, its algorithms' versions; ``identity.py``), and names the shape of its releases
-(``RELEASE_FIELDS``, a ``TypedDict`` of ``releases.py``; ``release_shapes``). Where one kind has two algorithms,
-the line says which setting chooses: a count or a sum is Dong-Luo-Yi's Alg. 3 with a
-fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean the whole-user mean or, with
-public counts, George et al.'s (``ByCounts``).
+(``RELEASE_FIELDS``, a ``TypedDict`` of ``releases.py``; ``release_shapes``). Where one
+kind has two algorithms, the line says which setting chooses: a count or a sum is
+Dong-Luo-Yi's Alg. 3 with a fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean
+the whole-user mean or, with public counts, George et al.'s (``ByCounts``).
 
 The config schema lists the kinds and the parameters each takes (``config.schema.KINDS``);
 this registry and that list name the same kinds, and every module has every function:

@@ -21,6 +21,8 @@ def test_pyproject_lists_every_package():
     for package, folder in setup["package-dir"].items():
         if any((ROOT / folder).glob("*.py")):  # the package itself, regular or namespace
             found.add(package)
+        if package in setup["package-data"]:  # data files only (docs/schemas/)
+            found.add(package)
         for init in (ROOT / folder).rglob("__init__.py"):
             parts = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((package, *parts)))

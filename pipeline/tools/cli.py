@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -320,36 +321,35 @@ def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from ..kafka.clients import read_releases
-    from ..kafka.topics import group_id
+    from dpstream.client import releases
 
     cfg = load_config(args.config)
-    consumer = read_releases(
+    stop = threading.Event()
+    timer = threading.Timer(args.timeout, stop.set) if args.timeout else None
+    read = releases(
+        args.statistic,
         connected(cfg, args.bootstrap),
-        cfg.release_topic(args.statistic),
-        group=group_id(cfg.app_id, f"tail-{args.statistic}"),
+        cfg,
         from_beginning=args.from_beginning,
-        security=cfg.kafka,
+        follow=True,
+        stop=stop,
     )
     seen = 0
-    deadline = time.monotonic() + args.timeout if args.timeout else None
     try:
-        while (args.max is None or seen < args.max) and (
-            deadline is None or time.monotonic() < deadline
-        ):
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            value = msg.value()
-            if value is None:  # no release in a record without a value
-                continue
-            sys.stdout.write(value.decode() + "\n")
+        if timer:
+            timer.start()
+        for release in read:
+            sys.stdout.write(orjson.dumps(dict(release.fields)).decode() + "\n")
             sys.stdout.flush()
             seen += 1
+            if args.max is not None and seen >= args.max:
+                break
     except KeyboardInterrupt:
         pass
     finally:
-        consumer.close()
+        read.close()
+        if timer:
+            timer.cancel()
     return 0
 
 

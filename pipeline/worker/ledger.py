@@ -39,8 +39,8 @@ from confluent_kafka import KafkaException
 
 from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
-from dpstream.statistics.identity import identity_parameters
 from dpstream.statistics import releases
+from dpstream.statistics.identity import identity_parameters
 from dpstream.statistics.releases import RunIdentity
 
 from ..kafka.clients import make_producer, read_topic, tools_group
