@@ -353,6 +353,14 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard import serve
+
+    cfg = load_config(args.config)
+    serve(cfg, connected(cfg, args.bootstrap), args.host, args.port)
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..worker.keys import load_key
     from .replay import replay_file
@@ -511,6 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max", type=int)
     p.add_argument("--timeout", type=float, help="stop after this many seconds")
     p.set_defaults(func=cmd_tail)
+
+    p = with_config(
+        sub.add_parser("dashboard", help="a live web page of the releases, budget and lag")
+    )
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=int, default=8050, help="the port (0: any free one)")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
     p.add_argument("--config", required=True)
