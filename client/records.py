@@ -17,10 +17,12 @@ from typing import Any
 import orjson
 from jsonschema import Draft202012Validator
 
+from dpstream.operators.errors import DpStreamError
+
 from . import schemas
 
 
-class RecordError(ValueError):
+class RecordError(DpStreamError, ValueError):
     """A record that is not one of the published shapes (not JSON, no schema version
     this installation knows, or not valid under its schema)."""
 
@@ -119,41 +121,48 @@ class DeadLetter:
     position: Position | None = None
 
 
-def checked(family: str, value: bytes | None, validate: bool) -> tuple[dict[str, Any], int]:
-    """The record ``value`` of ``family`` as a dict, and its schema version, checked
-    against that version's schema when ``validate``.
+def checked(
+    family: str, value: bytes | None, validate: bool, position: Position | None = None
+) -> tuple[dict[str, Any], int]:
+    """The record ``value`` of ``family`` (read at ``position``) as a dict, and its schema
+    version, checked against that version's schema when ``validate``.
 
     Raises:
         UnknownSchemaVersion: a version this installation has no schema for.
         RecordError: not a JSON object, or (``validate``) not valid under its schema.
     """
+    what = f"a {family} record"
+    if position is not None:
+        what += f" at {position.topic}[{position.partition}] offset {position.offset}"
     try:
         record = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
-        raise RecordError(f"a {family} record that is not JSON") from None
+        raise RecordError(f"{what} that is not JSON") from None
     if not isinstance(record, dict):
-        raise RecordError(f"a {family} record that is not a JSON object")
+        raise RecordError(f"{what} that is not a JSON object")
     # Dead letters name no version: the first shape is version 1.
     version = record.get("schema_version", 1 if family == schemas.DEAD_LETTER else None)
     known = schemas.known_versions(family)
     if version not in known:
         raise UnknownSchemaVersion(
-            f"a {family} record of schema_version {version!r}: this dpstream reads "
+            f"{what} of schema_version {version!r}: this dpstream reads "
             f"{', '.join(map(str, known))} (a newer pipeline wrote it: upgrade dpstream)"
         )
     if validate:
-        _validate(schemas.validator(family, version), record, family, version)
+        _validate(schemas.validator(family, version), record, what, family, version)
     return record, version
 
 
-def _validate(validator: Draft202012Validator, record: dict, family: str, version: int) -> None:
+def _validate(
+    validator: Draft202012Validator, record: dict, what: str, family: str, version: int
+) -> None:
     # The message names the field and the rule, never the value (a dead letter's is user
     # data).
     errors = list(validator.iter_errors(record))
     if errors:
         where = ", ".join(sorted({e.json_path for e in errors}))
         raise RecordError(
-            f"a {family} record not valid under {schemas.file_name(family, version)} (at {where})"
+            f"{what} not valid under {schemas.file_name(family, version)} (at {where})"
         )
 
 
@@ -161,7 +170,7 @@ def release(
     value: bytes | None, position: Position | None = None, validate: bool = True
 ) -> Release:
     """The release in a record value of a release topic."""
-    record, version = checked(schemas.RELEASE, value, validate)
+    record, version = checked(schemas.RELEASE, value, validate, position)
     interval = record.get("interval")
     tau = record.get("tau")
     value_of = record.get("value")
@@ -186,7 +195,7 @@ def ledger_entry(
     value: bytes | None, position: Position | None = None, validate: bool = True
 ) -> LedgerEntry:
     """The entry in a record value of the ledger topic."""
-    record, version = checked(schemas.LEDGER, value, validate)
+    record, version = checked(schemas.LEDGER, value, validate, position)
     event = record["event"]
     spent = {
         "statement": "per_user_total",
@@ -211,7 +220,7 @@ def dead_letter(
     value: bytes | None, position: Position | None = None, validate: bool = True
 ) -> DeadLetter:
     """The dead letter in a record value of the dead-letter topic."""
-    record, _ = checked(schemas.DEAD_LETTER, value, validate)
+    record, _ = checked(schemas.DEAD_LETTER, value, validate, position)
     return DeadLetter(
         reason=record["reason"],
         topic=record["topic"],

@@ -11,6 +11,7 @@ import pytest
 
 from dpstream.client import records
 from dpstream.client.records import Position, RecordError, UnknownSchemaVersion
+from dpstream.operators.errors import DpStreamError
 
 COUNT = {
     "schema_version": 3, "statistic": "views", "kind": "count", "tick": 7,
@@ -42,6 +43,8 @@ def test_an_exhausted_release_has_no_value():
 def test_a_newer_schema_version_is_refused_by_name():
     with pytest.raises(UnknownSchemaVersion, match=r"schema_version 4: this dpstream reads 3"):
         records.release(orjson.dumps({**COUNT, "schema_version": 4}))
+    with pytest.raises(DpStreamError, match=r"^a release record at dp.views\[0\] offset 11 of"):
+        records.release(orjson.dumps({**COUNT, "schema_version": 4}), AT)
     with pytest.raises(UnknownSchemaVersion, match="schema_version None"):
         records.release(orjson.dumps({k: v for k, v in COUNT.items() if k != "schema_version"}))
 
