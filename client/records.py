@@ -9,7 +9,8 @@ published, for what a kind adds (docs/schemas/ lists each kind's fields).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -131,9 +132,7 @@ def checked(
         UnknownSchemaVersion: a version this installation has no schema for.
         RecordError: not a JSON object, or (``validate``) not valid under its schema.
     """
-    what = f"a {family} record"
-    if position is not None:
-        what += f" at {position.topic}[{position.partition}] offset {position.offset}"
+    what = _what(family, position)
     try:
         record = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
@@ -151,6 +150,23 @@ def checked(
     if validate:
         _validate(schemas.validator(family, version), record, what, family, version)
     return record, version
+
+
+def _what(family: str, position: Position | None) -> str:
+    if position is None:
+        return f"a {family} record"
+    return f"a {family} record at {position.topic}[{position.partition}] offset {position.offset}"
+
+
+@contextmanager
+def _unvalidated(family: str, position: Position | None) -> Iterator[None]:
+    """Where ``validate=False`` let through a record of another shape: a ``RecordError``
+    naming the field, not a ``KeyError``."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise RecordError(f"{_what(family, position)} without a field as its schema has it: "
+                          f"{type(exc).__name__} {exc}") from None  # fmt: skip
 
 
 def _validate(
@@ -171,6 +187,11 @@ def release(
 ) -> Release:
     """The release in a record value of a release topic."""
     record, version = checked(schemas.RELEASE, value, validate, position)
+    with _unvalidated(schemas.RELEASE, position):
+        return _release(record, version, position)
+
+
+def _release(record: dict[str, Any], version: int, position: Position | None) -> Release:
     interval = record.get("interval")
     tau = record.get("tau")
     value_of = record.get("value")
@@ -196,6 +217,11 @@ def ledger_entry(
 ) -> LedgerEntry:
     """The entry in a record value of the ledger topic."""
     record, version = checked(schemas.LEDGER, value, validate, position)
+    with _unvalidated(schemas.LEDGER, position):
+        return _ledger_entry(record, version, position)
+
+
+def _ledger_entry(record: dict[str, Any], version: int, position: Position | None) -> LedgerEntry:
     event = record["event"]
     spent = {
         "statement": "per_user_total",
@@ -221,13 +247,14 @@ def dead_letter(
 ) -> DeadLetter:
     """The dead letter in a record value of the dead-letter topic."""
     record, _ = checked(schemas.DEAD_LETTER, value, validate, position)
-    return DeadLetter(
-        reason=record["reason"],
-        topic=record["topic"],
-        partition=record["partition"],
-        offset=record["offset"],
-        index=record.get("index"),
-        payload_truncated=record["payload_truncated"],
-        payload=record["payload"],
-        position=position,
-    )
+    with _unvalidated(schemas.DEAD_LETTER, position):
+        return DeadLetter(
+            reason=record["reason"],
+            topic=record["topic"],
+            partition=record["partition"],
+            offset=record["offset"],
+            index=record.get("index"),
+            payload_truncated=record["payload_truncated"],
+            payload=record["payload"],
+            position=position,
+        )

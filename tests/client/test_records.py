@@ -63,6 +63,12 @@ def test_an_invalid_release_is_refused_without_its_values(changed):
         assert records.release(orjson.dumps({**COUNT, **changed}), validate=False).tick == 7
 
 
+def test_an_unvalidated_record_of_another_shape_is_refused_as_one():
+    for broken in ({k: v for k, v in COUNT.items() if k != "tick"}, {**COUNT, "tick_end": 5}):
+        with pytest.raises(RecordError, match="without a field as its schema has it"):
+            records.release(orjson.dumps(broken), validate=False)
+
+
 def test_what_is_not_a_json_object_is_refused():
     for value in (b"{not json", b"[1, 2]", None):
         with pytest.raises(RecordError, match="a release record that is not"):
