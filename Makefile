@@ -18,7 +18,7 @@ KAFKA_IMAGE ?= $(or $(DPSTREAM_KAFKA_IMAGE),apache/kafka:4.1.1)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,demo]'
+	$(PY) -m pip install -q -e '.[test,demo,schema-registry]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -53,17 +53,114 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+
+
+def _env_name(v: str | None) -> str | None:
+    if v is not None and not _ENV_NAME.match(v):
+        raise ValueError("must be the name of an environment variable")
+    return v
+
+
+def _no_inline_secret(data: object, names: tuple[str, ...], remedy: str) -> object:
+    # Checked before anything else, and the message never repeats the value.
+    if isinstance(data, dict):
+        for name in names:
+            if name in data:
+                raise ValueError(f"{name}: secrets are never written in the config; use {remedy}")
+    return data
+
+
+class SchemaRegistryConfig(_Model):
+    """The Schema Registry the source records' schemas come from (``input.format`` avro,
+    protobuf or json_schema): any registry that serves Confluent's API, Confluent's own or
+    Apicurio's ``/apis/ccompat/v7``. Mapped by ``pipeline/kafka/schema_registry.py``; see
+    docs/security.md.
+
+    ``url``: http(s), without credentials in it. Basic auth: ``username`` with the password
+    from the environment variable ``password_env`` or the file ``password_file``, read when
+    the client is built, never written here. TLS (an https URL): ``ssl_cafile`` (else the
+    system's CAs), ``ssl_certfile``/``ssl_keyfile`` for a client certificate.
+    """
+
+    url: str
+    username: str | None = Field(None, min_length=1)
+    password_env: str | None = None
+    password_file: Path | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets(cls, data: object) -> object:
+        names = ("password", "basic_auth_user_info", "ssl_key_password")
+        return _no_inline_secret(data, names, "password_env or password_file")
+
+    _password_env = field_validator("password_env")(_env_name)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        if parts.username is not None or parts.password is not None:
+            # The message never repeats the URL: it holds a secret.
+            raise ValueError(
+                "credentials are never written in the URL; use username with password_env "
+                "or password_file"
+            )
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchemaRegistryConfig:
+        if self.username is not None and (self.password_env is None) == (
+            self.password_file is None
+        ):
+            raise ValueError(
+                "password_env: set exactly one of password_env and password_file with username"
+            )
+        if self.username is None:
+            for name in ("password_env", "password_file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only applies with username (basic auth)")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
+            raise ValueError(f"{missing}: ssl_certfile and ssl_keyfile go together")
+        if not self.url.startswith("https://"):
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only applies to an https:// url")
+            if self.username is not None:
+                log.warning(
+                    "input.schema_registry: basic auth over http sends the password unencrypted"
+                )
+        return self
+
+
+InputFormat = Literal["json", "avro", "protobuf", "json_schema"]
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+
+
 class InputConfig(_Model):
     """Where events come from, and how stage 1 is split.
 
     ``topics``: the source topics, the users' own: the ingest reads them in a consumer
     group and never writes to them or changes their settings; any partition count, any
-    producer, any record key. ``user_id_field``: where an event's user id is, a dotted
-    path for a nested field (``actor.id``). ``partitions``: the partitions of dpstream's
-    own events topic (``<app_id>-events``), stage 1's parallelism.
+    producer, any record key. ``format``: how their values are written: JSON (the
+    default), or Avro, Protobuf or JSON Schema in a Schema Registry's wire format (a zero
+    byte, the schema id, the payload), with ``schema_registry`` saying where the schemas
+    are. ``user_id_field``: where an event's user id is, a dotted path for a nested field
+    (``actor.id``), in any format. ``partitions``: the partitions of dpstream's own events
+    topic (``<app_id>-events``), stage 1's parallelism.
     """
 
     topics: list[str] = Field(["dpstream.events"], min_length=1)
+    format: InputFormat = "json"
+    schema_registry: SchemaRegistryConfig | None = None
     user_id_field: str = "user_id"
     partitions: int = Field(4, ge=1, le=1024)
     # A single record (event or batch envelope) larger than this is dead-lettered.
@@ -104,6 +201,16 @@ class InputConfig(_Model):
         if not v or any(not part for part in v.split(".")):
             raise ValueError("must be a field name or a dotted path of field names")
         return v
+
+    @model_validator(mode="after")
+    def _registry_for_format(self) -> InputConfig:
+        if self.format in REGISTRY_FORMATS and self.schema_registry is None:
+            raise ValueError(f"schema_registry: required for format {self.format}")
+        if self.format == "json" and self.schema_registry is not None:
+            raise ValueError(
+                "schema_registry: only applies to format avro, protobuf or json_schema"
+            )
+        return self
 
 
 # What stage 1 and stage 2 need at least, after the clock's marker period, to report and
@@ -184,7 +291,6 @@ class NoiseConfig(_Model):
     key_env: str | None = "DPSTREAM_NOISE_KEY"
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
 _TLS = ("SSL", "SASL_SSL")
 
@@ -273,22 +379,10 @@ class KafkaSecurityConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _no_inline_secret(cls, data: object) -> object:
-        # Checked before anything else, and the message never repeats the value.
-        if isinstance(data, dict):
-            for name in ("password", "sasl_password", "ssl_password", "ssl_key_password"):
-                if name in data:
-                    raise ValueError(
-                        f"{name}: secrets are never written in the config; "
-                        "use password_env or password_file"
-                    )
-        return data
+        names = ("password", "sasl_password", "ssl_password", "ssl_key_password")
+        return _no_inline_secret(data, names, "password_env or password_file")
 
-    @field_validator("password_env")
-    @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
-        if v is not None and not _ENV_NAME.match(v):
-            raise ValueError("must be the name of an environment variable")
-        return v
+    _password_env = field_validator("password_env")(_env_name)
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSecurityConfig:

@@ -67,7 +67,8 @@ debian_bases() {
 # the machine's certificates), which a build container need not.
 worker_wheels() {
     local started=$SECONDS requirements stamp=deploy/.cache/wheels.requirements
-    requirements=$("$PYTHON" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))")
+    # The main dependencies and the schema-registry extra (the worker reads every input.format).
+    requirements=$("$PYTHON" -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(' '.join(p['dependencies'] + p['optional-dependencies']['schema-registry']))")
     # The same requirements as last time: the wheels there still satisfy them.
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$requirements" ]; then
         say "worker wheels reused"

@@ -1,8 +1,8 @@
-"""The pytest plugin (entry point ``pytest11``): the ``kafka_broker`` and ``dpstream_pipeline``
-fixtures, their secured twins ``secure_kafka_broker`` and ``dpstream_secure_pipeline``, and
-``kafka_cluster`` (three brokers that a test can kill and restart).
-Imports stay inside the fixtures: pytest loads this module in every run of the environment,
-also where no test uses Kafka."""
+"""The pytest plugin (entry point ``pytest11``): the ``kafka_broker``, ``schema_registry`` and
+``dpstream_pipeline`` fixtures, the secured twins ``secure_kafka_broker`` and
+``dpstream_secure_pipeline``, and ``kafka_cluster`` (three brokers that a test can kill and
+restart). Imports stay inside the fixtures: pytest loads this module in every run of the
+environment, also where no test uses Kafka."""
 
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ def kafka_broker() -> Iterator[str]:
 
     with choose_broker() as servers:
         yield servers
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """A real Schema Registry for the whole session, serving Confluent's API: its URL (a
+    ``SchemaRegistryClient``'s ``url``, a pipeline's ``input.schema_registry.url``).
+
+    ``$DPSTREAM_SCHEMA_REGISTRY_URL`` if set; else Apicurio Registry's application from
+    Maven Central, run with the JDK on the machine (see
+    :func:`dpstream.deploy.registry.schema_registry`).
+    """
+    from dpstream.deploy.registry import schema_registry as choose_registry
+
+    with choose_registry() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import subprocess
@@ -17,8 +18,10 @@ import orjson
 from bench.common import fmt_bytes, fmt_rate, loadavg, machine
 from bench.throughput import micro, peers
 from bench.throughput.contenders import (
+    AVRO_READERS,
     CONTENDERS,
     EXPERIMENTS,
+    INGEST,
     INGEST_MODES,
     PIPELINE,
     SINGLE_ONLY,
@@ -29,10 +32,12 @@ from bench.throughput.contenders import (
     run_pipeline,
 )
 from bench.throughput.datasets import (
+    AVRO,
     ENVELOPES,
     SINGLE,
     Dataset,
     Message,
+    avro_messages,
     batch_name,
     envelope_messages,
     messages,
@@ -276,6 +281,11 @@ class Run:
             ds = preproduce(bootstrap, name, SINGLE, args.partitions, msgs, n)
             # Only the pipeline writes the records again (its own copy of the topic).
             self.add(ds, msgs if n == args.spans.get(PIPELINE, args.singles) else [])
+        if INGEST in args.contenders and args.singles > 0:
+            # The same events as the single-event records, as Avro.
+            events = list(synthetic(args.users, args.singles, args.seed))
+            msgs = avro_messages(events, str(self.harness.registry))
+            self.add(preproduce(bootstrap, AVRO, AVRO, args.partitions, msgs, len(events)), [])
         if args.envelope_events > 0:
             cfg = parse_config(
                 run_config(self.harness.base, "e", None, args.tick, args.partitions),
@@ -291,6 +301,8 @@ class Run:
 
     def dataset_for(self, contender: str, shape: str) -> Dataset | None:
         """The dataset ``contender`` reads for ``shape``: its own span's, if it has one."""
+        if shape == AVRO:
+            return self.res.datasets[shape] if contender in AVRO_READERS else None
         if shape != SINGLE:
             return None if contender in SINGLE_ONLY else self.res.datasets[shape]
         n = self.args.spans.get(contender, self.args.singles)
@@ -443,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         return render(Path(argv[1]), Path(argv[2]) if len(argv) > 2 else None)
     args = parse_args(argv)
     from dpstream.deploy.broker import BOOTSTRAP_ENV, KAFKA_VERSION, kafka_broker
+    from dpstream.deploy.registry import schema_registry
 
     if args.workdir is None:
         args.workdir = Path(tempfile.mkdtemp(prefix="dpstream-bench-"))
@@ -458,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     res = Results(args=args, info=machine(), kafka=kafka, load_start=loadavg())
     res.commit, res.date = git_commit(), time.strftime("%Y-%m-%d %H:%M %Z")
     log(f"workdir {args.workdir}")
-    with kafka_broker() as bootstrap:
+    # A Schema Registry for the Avro dataset, which only the ingest contender reads.
+    registry = schema_registry() if INGEST in args.contenders else contextlib.nullcontext()
+    with kafka_broker() as bootstrap, registry as registry_url:
         log(f"broker {bootstrap}")
         harness = Harness(
             bootstrap=bootstrap,
@@ -467,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             env={KEY_ENV: secrets.token_hex(32)},
             tick=args.tick,
             loglevel=args.worker_loglevel,
+            registry=registry_url,
         )
         run = Run(args, harness, res)
         run.prepare_peers()

@@ -23,6 +23,7 @@ import orjson
 from bench.common import median, percentile, proc_status
 from bench.throughput import peers
 from bench.throughput.datasets import (
+    AVRO,
     ENVELOPES,
     SOURCE_PRODUCER,
     Dataset,
@@ -60,9 +61,13 @@ NAIVE = {  # contender -> bench/naive_agent.py --tables
 # thousand records/s each, they would add ~15 min per run on a million single events.
 EXPERIMENTS = ("faust-tables", "faust-batched", "faust-direct")
 PIPELINE = "dpstream"
-CONTENDERS = (*CEILINGS, *NAIVE, *peers.PEERS, PIPELINE)
+# The ingest alone (bench/ingest_only.py), on JSON and on Avro: the same events.
+INGEST = "ingest"
+CONTENDERS = (*CEILINGS, *NAIVE, *peers.PEERS, PIPELINE, INGEST)
 # The peers count single-event records keyed by user id; they do not read envelopes.
-SINGLE_ONLY = peers.PEERS
+SINGLE_ONLY = (*peers.PEERS, INGEST)
+# The Avro records are read by the ingest alone.
+AVRO_READERS = (INGEST,)
 LABELS = {
     "aiokafka": "aiokafka consumer + orjson (ceiling)",
     "confluent": "confluent-kafka consumer + orjson",
@@ -76,6 +81,7 @@ LABELS = {
     "quix:at-least-once": "Quix Streams stateful count, at-least-once",
     "quix:exactly-once": "Quix Streams stateful count, exactly-once",
     "dpstream": "dpstream pipeline (ingest + stage 1 + 2 + releases)",
+    "ingest": "dpstream ingest alone (decode, validate, route, envelopes acknowledged)",
 }
 INGEST_MODES = ("process", "thread")
 
@@ -90,7 +96,31 @@ def run_contender(
         return run_naive(ds, harness, NAIVE[contender])
     if contender in peers.PEERS:
         return run_peer(contender, ds, harness)
+    if contender == INGEST:
+        return run_ingest(ds, harness)
     return run_pipeline(harness, ds, msgs, ingest)
+
+
+def run_ingest(ds: Dataset, harness: Harness) -> dict:
+    """The ingest alone over ``ds`` in a fresh process (bench/ingest_only.py), with a
+    consumer group and an events topic of its own; Avro through the run's registry."""
+    data = run_config(harness.base, "i", ds.topic, harness.tick, ds.partitions)
+    if ds.shape == AVRO:
+        data["input"] |= {"format": "avro", "schema_registry": {"url": harness.registry}}
+    cfg, path = write_config(data, harness.workdir)
+    cmd = [sys.executable, "-m", "bench.ingest_only", "--bootstrap", harness.bootstrap]
+    cmd += ["--config", str(path), "--expect", str(ds.events)]
+    spawned = time.time()
+    out = subprocess.run(  # noqa: S603 - fixed argument list
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"the ingest ({ds.shape}) failed:\n{out.stderr[-3000:]}")
+    res = orjson.loads(out.stdout.strip().splitlines()[-1])
+    if res["dead_letters"]:
+        raise RuntimeError(f"the ingest ({ds.shape}) dead-lettered {res['dead_letters']} events")
+    res["wall_seconds"] = res["first_batch_end"] - spawned + res["seconds"]
+    return res
 
 
 def run_ceiling(client: str, ds: Dataset, harness: Harness) -> dict:

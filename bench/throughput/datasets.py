@@ -7,7 +7,11 @@ Two shapes are read by the throughput contenders:
   topic), written by a plain confluent-kafka Producer as users have it;
 * ``envelopes``: dpstream's own columnar envelopes (``records.encode_envelope``, what the
   ingest writes for the same events: ``ingest.route``) in a topic shaped like dpstream's
-  events topic (partitioned by user, header ``dpstream: envelope``).
+  events topic (partitioned by user, header ``dpstream: envelope``);
+* ``avro``: the same events as ``single``, as single-event Avro records in the Schema
+  Registry's wire format (confluent-kafka's AvroSerializer, the schema ``dpstream produce
+  --format avro`` makes from them), keyed by user id: what the ingest reads with
+  ``input.format: avro`` (the ``ingest`` contender only).
 
 Latency and memory runs also produce source records in batches (JSON arrays, header
 ``dpstream: batch``): ``messages(events, batch)``.
@@ -26,7 +30,8 @@ from dpstream.config.schema import PipelineConfig
 
 SINGLE = "single"
 ENVELOPES = "envelopes"
-SHAPES = (SINGLE, ENVELOPES)
+AVRO = "avro"
+SHAPES = (SINGLE, ENVELOPES, AVRO)
 # The source topics' producer: a plain confluent-kafka Producer as users have it, at its
 # defaults but for lz4 (a pre-produced topic of several 100,000 records).
 SOURCE_PRODUCER = {"compression.type": "lz4", "log_level": 0}
@@ -57,6 +62,7 @@ def shape_name(shape: str) -> str:
     return {
         SINGLE: "single-event records",
         ENVELOPES: "our envelopes (columnar, events topic)",
+        AVRO: "single-event Avro records (Schema Registry)",
     }[shape]
 
 
@@ -116,6 +122,28 @@ def messages(events: Iterator[dict], batch: int) -> tuple[list[Message], int]:
     if buffer:
         out.append((None, orjson.dumps(buffer), [(HEADER, BATCH)], None))
     return out, n
+
+
+def avro_messages(events: list[dict], registry: str) -> list[Message]:
+    """``events`` as single-event Avro records keyed by user id (see the module docstring),
+    their schema registered in the Schema Registry at ``registry``."""
+    import json
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from dpstream.pipeline.tools.avro_events import avro_schema
+
+    schema = avro_schema(events)
+    names = [f["name"] for f in schema["fields"]]
+    ctx = SerializationContext("bench.avro", MessageField.VALUE)
+    with SchemaRegistryClient({"url": registry}) as client:
+        write = AvroSerializer(client, json.dumps(schema))
+        return [
+            (str(e["user_id"]).encode(), write(dict.fromkeys(names) | e, ctx), None, None)
+            for e in events
+        ]
 
 
 def source_records(msgs: list[Message], partitions: int, topic: str = "bench.source") -> list:

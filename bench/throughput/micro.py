@@ -111,7 +111,7 @@ def state_constants(base: dict, users: int, per_user: int, tree_ticks: list[int]
                     "ticks": t_max,
                     "json_bytes": len(orjson.dumps(sstate.to_json())),
                     "python_bytes": deep_size(sstate.to_json()),  # what the table holds
-                    "tree_json_bytes": len(orjson.dumps(sstate.tree)),
+                    "state_json_bytes": len(orjson.dumps(sstate.statistic_state)),
                 }
             )
     return {

@@ -13,8 +13,16 @@ from pathlib import Path
 import orjson
 
 from bench.common import fmt_bytes, fmt_rate, linear_fit, median, spread
-from bench.throughput.contenders import LABELS, PIPELINE
-from bench.throughput.datasets import ENVELOPES, SHAPES, SINGLE, Dataset, batch_name, shape_name
+from bench.throughput.contenders import INGEST, LABELS, PIPELINE
+from bench.throughput.datasets import (
+    AVRO,
+    ENVELOPES,
+    SHAPES,
+    SINGLE,
+    Dataset,
+    batch_name,
+    shape_name,
+)
 from bench.throughput.workers import base_config
 
 
@@ -106,6 +114,38 @@ def throughput_table(res: Results) -> str:
     return "\n".join(lines)
 
 
+def formats_section(res: Results) -> str:
+    """The ingest alone on Avro beside JSON: the same events, the same run."""
+    json_rows, avro_rows = res.rows(SINGLE, INGEST), res.rows(AVRO, INGEST)
+    if not json_rows or not avro_rows:
+        return ""
+    lines = [
+        "### The ingest on Avro beside JSON",
+        "",
+        "The ingest alone (`bench/ingest_only.py`: decode, validate, route, envelopes "
+        "acknowledged by the broker; timed from the end of its first batch), on the same "
+        "events as single-event JSON records and as single-event Avro records through the "
+        "Schema Registry (`input.format: avro`, confluent-kafka's AvroDeserializer), in the "
+        "same runs.",
+        "",
+        "| input | events/s (median) | spread (min-max) | CPU µs/event (median) "
+        "| Avro / JSON events/s (median of per-run ratios) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    json_rate = {r["run"]: r["rate"] for r in json_rows}
+    ratios = [r["rate"] / json_rate[r["run"]] for r in avro_rows if r["run"] in json_rate]
+    for shape, rows in ((SINGLE, json_rows), (AVRO, avro_rows)):
+        rates = [r["rate"] for r in rows]
+        lo, hi = spread(rates)
+        cpu = median(1e6 * r["cpu_seconds"] / r["events"] for r in rows)
+        ratio = f"{median(ratios):.2f}" if shape == AVRO else "1"
+        lines.append(
+            f"| {shape_name(shape)} | {fmt_rate(median(rates))} | {fmt_rate(lo)}-{fmt_rate(hi)} "
+            f"| {cpu:.1f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def latency_table(res: Results) -> str:
     if not res.latency:
         return "(not measured in this run)"
@@ -172,13 +212,13 @@ def memory_section(res: Results) -> str:
             f"An entry: `{c['example_entry']}`."
         )
         lines = [
-            "| statistic | mechanism | ticks | state JSON B | state Python B | tree JSON B |",
+            "| statistic | mechanism | ticks | state JSON B | state Python B | kind state JSON B |",
             "|---|---|---:|---:|---:|---:|",
         ]
         for t in c["trees"]:
             lines.append(
                 f"| {t['statistic']} | {t['mechanism']} | {t['ticks']:,} | {t['json_bytes']:,} "
-                f"| {t['python_bytes']:,} | {t['tree_json_bytes']:,} |"
+                f"| {t['python_bytes']:,} | {t['state_json_bytes']:,} |"
             )
         title = "Per statistic (stage 2 state, keyed noise, one event per tick):"
         out.append(title + "\n\n" + "\n".join(lines))
@@ -707,6 +747,8 @@ Each run, every contender in a fresh process on the same pre-produced topic, the
 {decomposition_table(res)}
 
 {spans_table(res)}
+
+{formats_section(res)}
 
 Span = the records (events) each contender read and was timed over: every record of its
 topic{span_note}. events/s first→last = span / the time from the first record to the last

@@ -34,8 +34,8 @@ DEFAULT_LOGLEVEL = "info"
 @dataclass(frozen=True)
 class Harness:
     """What every process the benchmark starts shares: the broker, the pipeline's base
-    config, where configs and logs go, the worker's environment (its noise key), the tick
-    and the Faust processes' log level."""
+    config, where configs and logs go, the worker's environment (its noise key), the tick,
+    the Faust processes' log level and the Schema Registry."""
 
     bootstrap: str
     base: dict
@@ -43,6 +43,8 @@ class Harness:
     env: dict[str, str]
     tick: float
     loglevel: str = DEFAULT_LOGLEVEL
+    # The Schema Registry of the Avro dataset (None: no Avro dataset in this run).
+    registry: str | None = None
 
 
 def log(msg: str) -> None:

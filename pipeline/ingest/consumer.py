@@ -5,11 +5,14 @@ The source topics are someone else's: the ingest reads them in a consumer group
 (``<app_id>-ingest``) with confluent-kafka, needs only Read and Describe on them, and
 never writes to them or changes their settings. Any producer, partitioner, partition
 count or key (or none) works: the user id is a field of the value
-(``input.user_id_field``). Each event is validated (``records.parse_event``, the rules and
-reasons of every other path); a bad one goes to the dead-letter topic with its source
-topic, partition, offset and index. The good ones go to the events topic, to the partition
-murmur2 picks for their user (stage 1 keeps each user's contribution bound in one place),
-as columnar envelopes (``records.encode_envelope``) that keep each event's source position.
+(``input.user_id_field``), in JSON or, with ``input.format``, in a Schema Registry's
+Avro, Protobuf or JSON Schema (``wire/registry_formats.py``; a registry that does not
+answer pauses the ingest, ``Ingest._pause``). Each event is validated
+(``records.parse_event``, the rules and reasons of every other path); a bad one goes to
+the dead-letter topic with its source topic, partition, offset and index. The good ones
+go to the events topic, to the partition murmur2 picks for their user (stage 1 keeps each
+user's contribution bound in one place), as columnar envelopes
+(``records.encode_envelope``) that keep each event's source position.
 
 Exactly once without transactions (docs/design.md, "Exactly once from the source"): the
 ingest commits a source offset only after the broker has acknowledged every envelope and
@@ -39,7 +42,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -51,9 +54,14 @@ from ..kafka.topics import group_id
 from ..wire.records import (
     ENVELOPE,
     HEADER,
+    Limits,
+    RegistryUnavailable,
     limits_for,
 )
 from .route import SourceRecord, from_last_restart, route
+
+if TYPE_CHECKING:
+    from ..wire.registry_formats import RegistryDecoder
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +140,24 @@ def producer_config(bootstrap: str, cfg: PipelineConfig) -> dict[str, object]:
 
 
 ENVELOPE_HEADERS = [(HEADER, ENVELOPE)]
+# A batch the Schema Registry could not decode is read again after PAUSE_SECONDS, doubled
+# on each consecutive failure up to PAUSE_MAX_SECONDS.
+PAUSE_SECONDS = 1.0
+PAUSE_MAX_SECONDS = 30.0
+
+
+def source_decoder(cfg: PipelineConfig, limits: Limits) -> RegistryDecoder | None:
+    """The source values' decoder for ``input.format`` (None: JSON, decoded in place)."""
+    registry = cfg.input.schema_registry
+    if cfg.input.format == "json" or registry is None:
+        return None
+    # Imported here: the Schema Registry's clients and codecs are an extra (pyproject.toml)
+    # that a pipeline reading JSON does without.
+    from ..kafka.schema_registry import describe, make_client
+    from ..wire.registry_formats import RegistryDecoder
+
+    log.info("input.format %s, schemas from %s", cfg.input.format, describe(registry))
+    return RegistryDecoder(cfg.input.format, make_client(registry), limits)
 
 
 class _Batch:
@@ -164,6 +190,9 @@ class Ingest:
         ``IngestReport`` goes to every ``REPORT_SECONDS`` while it runs (None: none)."""
         self._cfg = cfg
         self._limits = limits_for(cfg)
+        self._decode = source_decoder(cfg, self._limits)
+        self._paused_until = 0.0  # the registry did not answer: no read before then
+        self._pauses = 0  # consecutive pauses: the next one is longer
         self._wait = cfg.input.ingest_wait_ms / 1000
         self._consumer = Consumer(consumer_config(cfg, bootstrap))
         self._producer = Producer(producer_config(bootstrap, cfg))
@@ -214,11 +243,21 @@ class Ingest:
     def step(self, timeout: float) -> int:
         """Read a batch, route it and send it; commit every earlier batch the events
         topic has acknowledged. Returns how many source records the batch held."""
+        wait = self._paused_until - time.monotonic()
+        if wait > 0:
+            self._settle(0)
+            time.sleep(min(wait, timeout))
+            return 0
         records = self._read(timeout)
         if not records:
             self._settle(0)
             return 0
-        routed = route(records, self._limits, self._cfg.input.partitions)
+        try:
+            routed = route(records, self._limits, self._cfg.input.partitions, self._decode)
+        except RegistryUnavailable as exc:
+            self._pause(records, exc)
+            return 0
+        self._pauses = 0
         batch = _Batch(_ends(records), len(routed.envelopes) + len(routed.dead_letters))
         for partition, value in routed.envelopes:
             self._send(self._cfg.events_topic, value, partition, ENVELOPE_HEADERS, batch)
@@ -232,6 +271,34 @@ class Ingest:
         self.events += routed.events
         self.rejected.update(routed.reasons)
         return len(records)
+
+    def _pause(self, records: list[SourceRecord], why: RegistryUnavailable) -> None:
+        """The registry could not give a schema: send nothing of the batch, rewind to its
+        first record of each source partition, and read it again after a backoff
+        (docs/reliability.md, "Schema Registry outage"). The consumer keeps polling
+        meanwhile (``step`` reads nothing until then), so it stays in its group."""
+        first: dict[tuple[str, int], int] = {}
+        for record in records:
+            first.setdefault((record.topic, record.partition), record.offset)
+        for (topic, partition), offset in first.items():
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException:
+                # Revoked meanwhile: its new owner starts at the last commit, which is at
+                # or below this batch (nothing of it was sent or committed).
+                continue
+        self._pauses += 1
+        backoff = min(PAUSE_MAX_SECONDS, PAUSE_SECONDS * 2 ** (self._pauses - 1))
+        self._paused_until = time.monotonic() + backoff
+        registry = self._cfg.input.schema_registry
+        log.warning(
+            "ingest paused for %.0f s, %d source records to read again: %s "
+            "(input.schema_registry.url: %s)",
+            backoff,
+            len(records),
+            why,
+            registry.url if registry else None,
+        )
 
     def _read(self, timeout: float) -> list[SourceRecord]:
         # poll waits for the first record; then the batch fills for at most
@@ -329,6 +396,8 @@ class Ingest:
             self._settle(0)
         self._consumer.close()
         self._producer.flush(5.0)
+        if self._decode is not None:
+            self._decode.close()
 
 
 def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> dict[str, dict]:

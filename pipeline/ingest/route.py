@@ -13,6 +13,7 @@ from dpstream.statistics.events import Event
 
 from ..wire.records import (
     BadRecord,
+    Decode,
     Limits,
     dead_letter,
     decode_events,
@@ -57,11 +58,18 @@ _Columns = tuple[list[int], list[int], list[Event]]  # offsets, indexes, events
 _Bad = Sequence[tuple[int | None, str]]
 
 
-def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> Routed:
+def route(
+    records: Iterable[SourceRecord],
+    limits: Limits,
+    partitions: int,
+    decode: Decode | None = None,
+) -> Routed:
     """Validate the records' events and group them by (source partition, events partition)
     in source order; bad records and events become dead letters. Each envelope carries
     the fingerprint of ``limits`` and ``partitions`` (stage 1 counts only envelopes made
-    under its own)."""
+    under its own). ``decode``: the source values' format, None for JSON (a Schema
+    Registry format's decoder may raise ``RegistryUnavailable``: the batch is not routed,
+    nothing of it is sent, and the ingest reads it again)."""
     # Per (source partition, events partition), in order of first event: offsets,
     # indexes, events. The hot loop keeps its lookups local and builds no tuple per event:
     # a few hundred ns per event is a third of the ingest.
@@ -75,12 +83,12 @@ def route(records: Iterable[SourceRecord], limits: Limits, partitions: int) -> R
         headers = record.headers
         try:
             events, bad = decode_events(
-                record.value, header_kind(headers) if headers else None, limits
+                record.value, header_kind(headers) if headers else None, limits, decode
             )
         except BadRecord as exc:
             bad, events = [(None, exc.reason)], []
         if bad:
-            _reject(out, record, bad)
+            _reject(out, record, bad, binary=decode is not None)
         if not events:
             continue
         indexes = _good_indexes(len(events), bad) if bad else None
@@ -141,11 +149,12 @@ def _good_indexes(good: int, bad: _Bad) -> list[int]:
     return [i for i in range(good + len(bad)) if i not in rejected]
 
 
-def _reject(out: Routed, record: SourceRecord, bad: _Bad) -> None:
+def _reject(out: Routed, record: SourceRecord, bad: _Bad, binary: bool) -> None:
+    topic, partition, offset, value = record.topic, record.partition, record.offset, record.value
     for index, reason in bad:
         out.reasons.append(reason)
         out.dead_letters.append(
-            dead_letter(reason, record.topic, record.partition, record.offset, record.value, index)
+            dead_letter(reason, topic, partition, offset, value, index, binary=binary)
         )
 
 

@@ -3,7 +3,7 @@ readers, and a release reader."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -32,10 +32,15 @@ def make_producer(
 
 
 def produce_events(
-    producer: Producer, cfg: PipelineConfig, events: Iterable[dict], batch: int = 1
+    producer: Producer,
+    cfg: PipelineConfig,
+    events: Iterable[dict],
+    batch: int = 1,
+    serialize: Callable[[dict], bytes] = orjson.dumps,
 ) -> int:
     """Send events to the first source topic, keyed by user id; with ``batch > 1`` as
-    batch envelopes (JSON arrays of ``batch`` events) that the ingest splits again."""
+    batch envelopes (JSON arrays of ``batch`` events) that the ingest splits again.
+    ``serialize``: an event's record value (JSON; ``tools.avro_events`` writes Avro)."""
     topic = cfg.input.topics[0]
     sent = 0
     buffer: list[dict] = []
@@ -46,7 +51,7 @@ def produce_events(
 
     for event in events:
         if batch <= 1:
-            producer.produce(topic, key=str(event["user_id"]).encode(), value=orjson.dumps(event))
+            producer.produce(topic, key=str(event["user_id"]).encode(), value=serialize(event))
         else:
             buffer.append(event)
             if len(buffer) >= batch:

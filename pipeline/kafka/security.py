@@ -74,23 +74,32 @@ def read_password(sec: KafkaSecurityConfig) -> str | None:
     """
     if not uses_sasl(sec) or uses_oauth(sec):
         return None
-    if sec.password_env is not None:
-        value = os.environ.get(sec.password_env)
+    return read_secret("kafka", sec.password_env, sec.password_file)
+
+
+def read_secret(section: str, env: str | None, file: Path | None) -> str:
+    """A password from the environment variable ``env``, else from ``file`` (one of the
+    two is set); ``section`` names the config section in errors (``kafka``).
+
+    Raises:
+        ConfigError: the variable is unset or empty, or the file cannot be read or is
+            empty. The message names the field, never the value.
+    """
+    if env is not None:
+        value = os.environ.get(env)
         if not value:
-            raise ConfigError(
-                f"kafka.password_env: environment variable {sec.password_env} is not set"
-            )
+            raise ConfigError(f"{section}.password_env: environment variable {env} is not set")
         return value
-    assert sec.password_file is not None  # the schema requires one of the two
+    assert file is not None  # the schema requires one of the two
     try:
         # One trailing newline (as `echo secret > file` writes) is not part of the password.
-        value = sec.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        value = file.read_text(encoding="utf-8").rstrip("\r\n")
     except OSError as exc:
-        raise ConfigError(f"kafka.password_file: cannot read: {exc.strerror}") from None
+        raise ConfigError(f"{section}.password_file: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ConfigError("kafka.password_file: not UTF-8 text") from None
+        raise ConfigError(f"{section}.password_file: not UTF-8 text") from None
     if not value:
-        raise ConfigError("kafka.password_file: the file is empty")
+        raise ConfigError(f"{section}.password_file: the file is empty")
     return value
 
 
@@ -188,9 +197,10 @@ def token_provider(sec: KafkaSecurityConfig) -> OidcTokenProvider | None:
     return OidcTokenProvider(sec.oauth, read_client_secret(sec.oauth))
 
 
-def _readable(field: str, path: Path) -> str:
+def readable(field: str, path: Path, section: str = "kafka") -> str:
+    """``path`` as a string if it is a file; else ConfigError naming ``section.field``."""
     if not path.is_file():
-        raise ConfigError(f"kafka.{field}: no such file: {path}")
+        raise ConfigError(f"{section}.{field}: no such file: {path}")
     return str(path)
 
 
@@ -203,14 +213,14 @@ def ssl_context(sec: KafkaSecurityConfig) -> ssl.SSLContext | None:
     """
     if not uses_tls(sec):
         return None
-    cafile = _readable("ssl_cafile", sec.ssl_cafile) if sec.ssl_cafile else None
+    cafile = readable("ssl_cafile", sec.ssl_cafile) if sec.ssl_cafile else None
     try:
         context = ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=cafile)
     except ssl.SSLError as exc:
         raise ConfigError(f"kafka.ssl_cafile: not a usable CA file ({exc.reason})") from None
     if sec.ssl_certfile is not None and sec.ssl_keyfile is not None:
-        certfile = _readable("ssl_certfile", sec.ssl_certfile)
-        keyfile = _readable("ssl_keyfile", sec.ssl_keyfile)
+        certfile = readable("ssl_certfile", sec.ssl_certfile)
+        keyfile = readable("ssl_keyfile", sec.ssl_keyfile)
         try:
             context.load_cert_chain(certfile, keyfile)
         except ssl.SSLError as exc:
@@ -271,11 +281,11 @@ def confluent_config(sec: KafkaSecurityConfig) -> dict[str, str]:
         ssl_context(sec)
         # "probe": librdkafka looks for the system's CA bundle, as Python's default context does.
         conf["ssl.ca.location"] = (
-            _readable("ssl_cafile", sec.ssl_cafile) if sec.ssl_cafile else "probe"
+            readable("ssl_cafile", sec.ssl_cafile) if sec.ssl_cafile else "probe"
         )
         if sec.ssl_certfile is not None and sec.ssl_keyfile is not None:
-            conf["ssl.certificate.location"] = _readable("ssl_certfile", sec.ssl_certfile)
-            conf["ssl.key.location"] = _readable("ssl_keyfile", sec.ssl_keyfile)
+            conf["ssl.certificate.location"] = readable("ssl_certfile", sec.ssl_certfile)
+            conf["ssl.key.location"] = readable("ssl_keyfile", sec.ssl_keyfile)
         conf["enable.ssl.certificate.verification"] = "true"
         conf["ssl.endpoint.identification.algorithm"] = (
             "https" if sec.ssl_check_hostname else "none"

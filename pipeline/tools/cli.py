@@ -136,6 +136,27 @@ def connected(cfg: PipelineConfig, arg: str | None) -> str:
     return bootstrap
 
 
+def cmd_registry(args: argparse.Namespace) -> int:
+    from dpstream.deploy import registry
+
+    if args.action == "fetch":
+        print(registry.fetch_registry())
+    elif args.action == "start":
+        info = registry.start_detached()
+        print(f"Schema Registry running at {info['url']}")
+        print(f"  export {registry.URL_ENV}={info['url']}")
+    elif args.action == "stop":
+        print("stopped" if registry.stop_detached() else "no local Schema Registry was running")
+    else:
+        status = registry.status_detached()
+        if not status:
+            print("no local Schema Registry")
+            return 1
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+        return 0 if status["alive"] else 1
+    return 0
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from dpstream.statistics.registry import describe
 
@@ -143,7 +164,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     statement = cfg.privacy_statement()
     print(f"{args.file}: OK")
     print(
-        f"  source {', '.join(cfg.input.topics)} (user id: {cfg.input.user_id_field}), "
+        f"  source {', '.join(cfg.input.topics)} ({_format_line(cfg)}, "
+        f"user id: {cfg.input.user_id_field}), "
         f"events topic {cfg.events_topic} ({cfg.input.partitions} partitions), "
         f"tick {cfg.ticks.interval_seconds:g}s (released {cfg.ticks.release_delay:g}s after its "
         f"end), noise {cfg.noise.mode.value}"
@@ -153,6 +175,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for line in statement.describe():
         print(f"  {line}")
     return 0
+
+
+def _format_line(cfg: PipelineConfig) -> str:
+    registry = cfg.input.schema_registry
+    if registry is None:
+        return cfg.input.format
+    return f"{cfg.input.format}, schemas from {registry.url}"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -282,24 +311,45 @@ def cmd_produce(args: argparse.Namespace) -> int:
     from .synthetic import synthetic_events
 
     cfg = load_config(args.config)
-    bootstrap = connected(cfg, args.bootstrap)
-    # The source topics only: a producer needs no right on dpstream's own.
-    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
     if args.events:
         events = list(_jsonl(args.events))
     else:
         events = list(synthetic_events(args.synthetic_users, args.count, seed=args.seed))
+    serialize = _serializer(args, cfg, events)  # a wrong flag stops before Kafka is asked
+    bootstrap = connected(cfg, args.bootstrap)
+    # The source topics only: a producer needs no right on dpstream's own.
+    ensure_topics(cfg, bootstrap, only=cfg.input.topics)
     producer = make_producer(bootstrap, cfg.kafka)
     chunk = max(1, int(args.rate / 10)) if args.rate else len(events)
     sent = 0
     start = time.monotonic()
     for i in range(0, len(events), chunk):
-        sent += produce_events(producer, cfg, events[i : i + chunk], batch=args.batch)
+        sent += produce_events(
+            producer, cfg, events[i : i + chunk], batch=args.batch, serialize=serialize
+        )
         if args.rate:
             time.sleep(max(0.0, start + sent / args.rate - time.monotonic()))
     producer.flush(30)
-    print(f"produced {sent} events to {cfg.input.topics[0]}")
+    fmt = args.format or cfg.input.format
+    print(f"produced {sent} events to {cfg.input.topics[0]} ({fmt})")
     return 0
+
+
+def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict]):
+    """The record value of an event for ``--format`` (default: the config's
+    ``input.format``)."""
+    fmt = args.format or cfg.input.format
+    if fmt == "json":
+        if args.schema:
+            raise ConfigError("--schema: only applies to --format avro")
+        return orjson.dumps
+    if fmt != "avro":
+        raise ConfigError(f"--format: produce writes json or avro, not {fmt}")
+    if args.batch > 1:
+        raise ConfigError("--batch: batch envelopes are JSON only")
+    from .avro_events import avro_serializer
+
+    return avro_serializer(cfg, events, Path(args.schema) if args.schema else None)
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -404,7 +454,13 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(duration=args.duration, users=args.users, rate=args.rate, out=Path(args.out))
+    return run_demo(
+        duration=args.duration,
+        users=args.users,
+        rate=args.rate,
+        out=Path(args.out),
+        fmt=args.format,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -435,6 +491,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--producer", default="User:producer", help="a source producer ('' for none)")
     p.add_argument("--apply", action="store_true", help="grant them on the local secured broker")
     p.set_defaults(func=cmd_acls)
+    p = sub.add_parser(
+        "registry", help="local Schema Registry (Apicurio, Confluent's API) from Maven Central"
+    )
+    p.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    p.set_defaults(func=cmd_registry)
 
     p = sub.add_parser("check-config", help="validate a pipeline definition")
     p.add_argument("file")
@@ -476,6 +537,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=0, help="events per second (0: as fast as possible)"
     )
     p.add_argument("--batch", type=int, default=1, help="events per batch envelope (1: none)")
+    p.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        help="record values in JSON or Avro through input.schema_registry "
+        "(default: the config's input.format)",
+    )
+    p.add_argument(
+        "--schema", help="Avro schema file (.avsc; default: made from the events' fields)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_produce)
 
@@ -516,6 +586,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=int, default=2000)
     p.add_argument("--rate", type=float, default=300.0, help="events per second")
     p.add_argument("--out", default="demo-out", help="folder for the plot and logs")
+    p.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        default="json",
+        help="avro: produce through a local Schema Registry (Apicurio, from Maven Central)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -6,12 +6,14 @@ prints how the releases compare with the truth, writes a plot, and exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import logging
 import secrets
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -53,19 +55,25 @@ def _row(rel: dict) -> str:
     )
 
 
-def run_demo(duration: float, users: int, rate: float, out: Path) -> int:
+def run_demo(duration: float, users: int, rate: float, out: Path, fmt: str = "json") -> int:
+    """``fmt`` avro: the events are produced as Avro through a Schema Registry (a local
+    one, ``deploy/registry.py``, unless ``DPSTREAM_SCHEMA_REGISTRY_URL`` names one), as
+    ``dpstream produce --format avro`` writes them, and the worker reads them so."""
     out.mkdir(parents=True, exist_ok=True)
     key_file = out / "noise.key"
     key_file.write_bytes(secrets.token_hex(32).encode())
     key_file.chmod(0o600)
     run_id = time.strftime("%Y%m%d-%H%M%S")
     data = demo_config(run_id, key_file)
-    cfg = parse_config(data, "demo config")
     config_path = out / "demo-config.yaml"
-    config_path.write_text(yaml.safe_dump(data, sort_keys=False))
 
     print("starting a Kafka broker ...", flush=True)
-    with kafka_broker() as bootstrap:
+    with kafka_broker() as bootstrap, _registry(fmt) as registry:
+        if registry is not None:
+            print(f"Schema Registry at {registry}; the events go out as Avro", flush=True)
+            data["input"] |= {"format": "avro", "schema_registry": {"url": registry}}
+        cfg = parse_config(data, "demo config")
+        config_path.write_text(yaml.safe_dump(data, sort_keys=False))
         print(f"broker at {bootstrap}; starting a dpstream worker", flush=True)
         ensure_topics(cfg, bootstrap)
         worker = spawn_worker(config_path, bootstrap, out / "worker.log", loglevel="warning")
@@ -77,6 +85,15 @@ def run_demo(duration: float, users: int, rate: float, out: Path) -> int:
     _summary(cfg, releases, truth)
     _plot(cfg, releases, truth, out / "demo.png")
     return 0
+
+
+def _registry(fmt: str) -> contextlib.AbstractContextManager[str | None]:
+    if fmt == "json":
+        return contextlib.nullcontext()
+    from dpstream.deploy.registry import schema_registry
+
+    print("starting a Schema Registry ...", flush=True)
+    return schema_registry()
 
 
 def _drive(
@@ -95,6 +112,11 @@ def _drive(
         security=cfg.kafka,
     )
     events = synthetic_events(users, int(rate * duration) + 1, seed=7)
+    serialize: Callable[[dict], bytes] = orjson.dumps
+    if cfg.input.format == "avro":
+        from .avro_events import avro_serializer
+
+        serialize = avro_serializer(cfg, list(synthetic_events(users, 1000, seed=7)), None)
     releases: dict[str, list[dict]] = defaultdict(list)
     interval = cfg.ticks.interval_seconds
     print(f"producing ~{rate:g} events/s from {users} synthetic users for {duration:g}s\n")
@@ -113,7 +135,7 @@ def _drive(
             if now < stop_producing:
                 due = int((now - start) * rate) - sent
                 batch = [next(events) for _ in range(max(0, due))]
-                sent += produce_events(producer, cfg, batch)
+                sent += produce_events(producer, cfg, batch, serialize=serialize)
             elif last_tick_wanted is None:
                 producer.flush(30)
                 last_tick_wanted = int(time.time() / interval)

@@ -9,7 +9,10 @@ A source record (the user's topic, read by the ingest, ``ingest.py``) is one of:
     ``input.user_id_field`` (a dotted path for a nested field); its key, partition and
     producer do not matter;
   * a batch envelope (header ``dpstream: batch``): a JSON array of such events (our
-    producer's), each event positioned by (record offset, index in the array).
+    producer's), each event positioned by (record offset, index in the array);
+  * with ``input.format`` avro, protobuf or json_schema: one event in a Schema Registry's
+    wire format, decoded into the same object by ``registry_formats`` (``Decode``) and
+    read by the same rules.
 
 dpstream's events topic (written by the ingest and the clock only) holds
   * envelopes (header ``dpstream: envelope``): the validated events of one source
@@ -32,10 +35,11 @@ Reasons name the problem, never the raw value (user ids and payloads stay out of
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +47,7 @@ import orjson
 from aiokafka.partitioner import murmur2
 
 from dpstream.config.schema import PipelineConfig
+from dpstream.operators.errors import DpStreamError
 from dpstream.statistics.events import NO_VALUE, Batch, Event, ValueRule
 from dpstream.statistics.registry import value_rule
 
@@ -59,6 +64,13 @@ class BadRecord(Exception):  # noqa: N818 - it is a verdict on input, not a prog
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class RegistryUnavailable(DpStreamError):
+    """A source record's schema could not be had, for a reason that is not the record's:
+    the Schema Registry did not answer, answered with a server or authorization error, or
+    is not at its URL (``registry_formats``). Nothing of the record's batch is sent or
+    dead-lettered; the ingest pauses and reads the batch again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,10 +325,16 @@ def encode_tick(tick: int) -> bytes:
     return orjson.dumps({"tick": tick})
 
 
+Decode = Callable[[bytes], object]
+"""A source record's value -> the decoded record ``parse_event`` reads (BadRecord if it
+does not decode): JSON's is ``_loads``; a Schema Registry format's is a
+``registry_formats.RegistryDecoder``."""
+
+
 def decode_events(
-    value: bytes | None, kind: bytes | None, limits: Limits
+    value: bytes | None, kind: bytes | None, limits: Limits, decode: Decode | None = None
 ) -> tuple[list[Event], list[tuple[int, str]]]:
-    """Decode an event record or envelope.
+    """Decode an event record or envelope; ``decode``: the values' format (None: JSON).
 
     Returns the good events and, for an envelope, (index, reason) for each bad event in
     it: one bad event does not sink its neighbours. Raises BadRecord when the record as
@@ -326,6 +344,11 @@ def decode_events(
         raise BadRecord("empty record")
     if len(value) > limits.max_record_bytes:
         raise BadRecord("oversized record")
+    if decode is not None:
+        # Batch envelopes are dpstream's own JSON; in another format a record is one event.
+        if kind is not None:
+            raise BadRecord("dpstream header on a record not in JSON")
+        return [parse_event(decode(value), limits)], []
     obj = _loads(value)
     if kind == BATCH:
         if type(obj) is not list:
@@ -363,10 +386,24 @@ DEAD_LETTER_PAYLOAD_CHARS = 4096
 
 
 def dead_letter(
-    reason: str, topic: str, partition: int, offset: int, payload: bytes | None, index: int | None
+    reason: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    payload: bytes | None,
+    index: int | None,
+    binary: bool = False,
 ) -> bytes:
-    """A dead-letter record: why, where from, and (a bounded prefix of) what."""
-    text = (payload or b"").decode("utf-8", errors="replace")
+    """A dead-letter record: why, where from, and (a bounded prefix of) what. A
+    ``binary`` payload (Avro, Protobuf: text would garble it) is written in base64, with
+    ``"payload_encoding": "base64"``."""
+    raw = payload or b""
+    if binary:
+        kept = raw[: DEAD_LETTER_PAYLOAD_CHARS // 4 * 3]  # base64: 4 characters per 3 bytes
+        text, truncated = base64.b64encode(kept).decode("ascii"), len(kept) < len(raw)
+    else:
+        text = raw.decode("utf-8", errors="replace")
+        truncated = len(text) > DEAD_LETTER_PAYLOAD_CHARS
     record = {
         "reason": reason,
         "topic": topic,
@@ -374,8 +411,10 @@ def dead_letter(
         "offset": offset,
         "index": index,
         "payload": text[:DEAD_LETTER_PAYLOAD_CHARS],
-        "payload_truncated": len(text) > DEAD_LETTER_PAYLOAD_CHARS,
+        "payload_truncated": truncated,
     }
+    if binary:
+        record["payload_encoding"] = "base64"
     return orjson.dumps(record)
 
 

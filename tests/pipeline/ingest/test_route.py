@@ -3,10 +3,12 @@ pipeline/wire/records.py)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 
 import orjson
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.ingest.route import (
@@ -17,12 +19,15 @@ from dpstream.pipeline.ingest.route import (
 )
 from dpstream.pipeline.wire.records import (
     BadRecord,
+    RegistryUnavailable,
     decode_envelope,
     encode_envelope,
     limits_for,
     partition_for,
 )
+from dpstream.pipeline.wire.registry_formats import RegistryDecoder
 from dpstream.statistics.events import Event
+from tests.registry_producers import serializer
 
 CFG = parse_config(
     {
@@ -206,3 +211,34 @@ def test_records_across_a_rebalance_route_to_envelopes_in_source_order():
     routed = route(from_last_restart(held + again), LIMITS, 1)
     [(_, value)] = routed.envelopes
     assert decode_envelope(value).offsets == [4, 5, 6, 7]
+
+
+def test_records_in_a_registry_format_are_routed_and_their_dead_letters_keep_the_bytes():
+    registry = SchemaRegistryClient.new_client({"url": "mock://route"})
+    write = serializer("avro", registry, "src")
+    good = write({"user_id": "u1", "key": "view"})
+    unknown = good[:1] + (77).to_bytes(4, "big") + good[5:]
+    records = [
+        record(4, good, partition=1),
+        record(5, b"\x07not avro", partition=1),
+        record(6, unknown, partition=1),
+    ]
+    routed = route(records, LIMITS, 3, RegistryDecoder("avro", registry, LIMITS))
+    assert [(o, i, e.user_id) for _, o, i, e in decoded(routed)[partition_for("u1", 3)]] == [
+        (4, 0, "u1")
+    ]
+    dead = [orjson.loads(d) for d in routed.dead_letters]
+    assert [(d["offset"], d["partition"], d["reason"]) for d in dead] == [
+        (5, 1, "wrong magic byte: not in the Schema Registry's wire format"),
+        (6, 1, "unknown schema id"),
+    ]
+    assert all(d["payload_encoding"] == "base64" for d in dead)
+    assert base64.b64decode(dead[1]["payload"]) == unknown
+
+
+def test_a_registry_that_does_not_answer_stops_the_batch_whole():
+    def unavailable(value: bytes) -> object:
+        raise RegistryUnavailable("the Schema Registry did not give a schema (ConnectError)")
+
+    with pytest.raises(RegistryUnavailable):
+        route([record(0, b"\x00\x00\x00\x00\x01")], LIMITS, 3, unavailable)

@@ -156,3 +156,23 @@ def test_check_config_states_twice_the_epoch_cap_for_strict_cells_under_any_subs
     out = run("check-config", write(tmp_path, data))
     assert out.returncode == 0, out.stderr
     assert "one user can lose at most 0.5 per accounting epoch" in out.stdout
+
+
+def test_check_config_names_the_input_format_and_its_registry(tmp_path):
+    url = "https://registry.example/apis/ccompat/v7"
+    data = {**GOOD, "input": {"format": "protobuf", "schema_registry": {"url": url}}}
+    out = run("check-config", write(tmp_path, data))
+    assert out.returncode == 0, out.stderr
+    assert f"(protobuf, schemas from {url}, user id: user_id)" in out.stdout
+    assert "(json, user id: user_id)" in run("check-config", write(tmp_path, GOOD)).stdout
+
+
+def test_produce_refuses_what_it_cannot_write(tmp_path):
+    path = write(tmp_path, GOOD)
+    for flags, message in (
+        (["--format", "avro"], "input.schema_registry: required to produce Avro"),
+        (["--schema", "event.avsc"], "--schema: only applies to --format avro"),
+    ):
+        out = run("produce", "--config", path, "--bootstrap", "127.0.0.1:1",
+                  "--synthetic-users", "2", "--count", "1", *flags)  # fmt: skip
+        assert out.returncode == 2 and message in out.stderr, out.stderr
