@@ -13,7 +13,8 @@ condition of ``CONDITIONS`` holds:
 * ``event_loop``: it is live;
 * ``partitions_assigned``: it holds partitions of both the events and the stage-2 topics
   (a worker beyond the partition count holds none: never ready, and idle);
-* ``tables_recovered``: no rebalance and no table recovery is under way;
+* ``tables_recovered``: it has received its first assignment and no rebalance and no
+  table recovery is under way (Faust's tables are being read from their changelogs);
 * ``ingest_running``: its ingest (a child process or a thread) runs; a worker started with
   ``--ingest off`` has none and passes;
 * ``ticks_released``: the last tick released within two ticks: stage 1 has closed, on
@@ -53,7 +54,8 @@ class HealthState:
         heartbeat_age: seconds since the event loop last ran its heartbeat.
         events_partitions: the events topic's partitions this worker holds (stage 1).
         stage2_partitions: the stage-2 topic's partitions it holds.
-        tables_recovered: no rebalance or table recovery is under way.
+        tables_recovered: a first assignment came, and no rebalance or table recovery is
+            under way.
         ingest_running: its ingest runs (True when it has none).
         stage1_closed: per events partition held, the latest tick stage 1 closed there.
         owned_statistics: the statistics of the stage-2 partitions held.

@@ -84,6 +84,7 @@ class Operations:
         self._sample = LoopSample(clock.monotonic())  # the loop has until then + the stall
         self._events: frozenset[int] = frozenset()
         self._stage2: frozenset[int] = frozenset()
+        self._assigned_once = False  # before its first assignment, no table holds anything
         self._recovery_seen: float | None = None  # the start of the latest recovery timed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: ThreadingHTTPServer | None = None
@@ -108,6 +109,7 @@ class Operations:
             self._server.server_close()
 
     def _assigned(self, tps: frozenset[tuple[str, int]]) -> None:
+        self._assigned_once = True
         self._events = frozenset(p for t, p in tps if t == self._cfg.events_topic)
         self._stage2 = frozenset(p for t, p in tps if t == self._cfg.stage2_topic)
         self._metrics.assigned(self._events, self._stage2)
@@ -140,7 +142,8 @@ class Operations:
             report = self._ingest.latest_report()
             if report is not None:
                 self._metrics.ingest_report(report)
-        self._sample = LoopSample(self._clock.monotonic(), status.recovered, running)
+        recovered = status.recovered and self._assigned_once
+        self._sample = LoopSample(self._clock.monotonic(), recovered, running)
 
     def health(self, now: float) -> HealthState:
         """The worker's health at Unix time ``now`` (hold the metrics' lock)."""
