@@ -36,6 +36,7 @@ from .metrics import WorkerMetrics
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 0.5
+METRICS_PATH, LIVEZ_PATH, READYZ_PATH = "/metrics", "/livez", "/readyz"
 
 
 @dataclass(frozen=True)
@@ -199,11 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         operations: Operations = self.server.operations
         path = self.path.split("?", 1)[0]
-        if path == "/metrics":
+        if path == METRICS_PATH:
             body, content_type = operations.scrape(self.headers.get("Accept", ""))
             self._answer(200, body, content_type)
-        elif path in ("/livez", "/readyz"):
-            status, answer = operations.livez() if path == "/livez" else operations.readyz()
+        elif path in (LIVEZ_PATH, READYZ_PATH):
+            status, answer = operations.livez() if path == LIVEZ_PATH else operations.readyz()
             self._answer(status, orjson.dumps(answer) + b"\n", "application/json")
         else:
             self._answer(404, b"not found: /metrics, /livez, /readyz\n", "text/plain")
