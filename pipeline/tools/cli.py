@@ -187,13 +187,33 @@ def _format_line(cfg: PipelineConfig) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
+    endpoint = metrics_endpoint(cfg, args.metrics_port, args.no_metrics)
+    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest, endpoint)
     return 0
 
 
+def metrics_endpoint(
+    cfg: PipelineConfig, port: int | None, off: bool = False
+) -> tuple[str, int] | None:
+    """Where the worker serves its metrics and probes, (host, port), or None: the config's
+    ``metrics:`` section, turned on at ``port`` by ``--metrics-port``, off by
+    ``--no-metrics``."""
+    if off or (port is None and not cfg.metrics.enabled):
+        return None
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port: must be a port number (0-65535), got {port}")
+    return cfg.metrics.host, cfg.metrics.port if port is None else port
+
+
 def run_worker(
-    cfg: PipelineConfig, bootstrap: str, loglevel: str = "info", ingest: str = INGEST_DEFAULT
+    cfg: PipelineConfig,
+    bootstrap: str,
+    loglevel: str = "info",
+    ingest: str = INGEST_DEFAULT,
+    endpoint: tuple[str, int] | None = None,
 ) -> None:
+    """A worker of ``cfg`` until it is stopped, with its metrics and probes served on
+    ``endpoint`` (host, port; None: not served)."""
     import faust
 
     from ..ingest.consumer import IngestHandle
@@ -208,8 +228,12 @@ def run_worker(
     from ..worker.app import create_app
     from ..worker.keys import load_key
     from ..worker.ledger import record_statement
+    from ..worker.metrics import WorkerMetrics
+    from ..worker.operations import Operations, bind
 
     key = load_key(cfg)  # before anything else: no key, no start
+    # A port already taken stops the worker here, before it writes anything.
+    server = None if endpoint is None else bind(*endpoint)
     # A refused password or certificate stops here, with one message naming the setting.
     brokers = check_connection(cfg.kafka, bootstrap)
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
@@ -223,12 +247,21 @@ def run_worker(
     adopt_former_worker_offsets(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
+    operations = None
     try:
         replicas, _ = replication(brokers)
-        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
+        metrics = WorkerMetrics(cfg, plan.statement)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas, metrics)
         worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+        if server is not None:
+            operations = Operations(cfg, app, metrics, handle)
+            operations.start(worker.loop, server)
         worker.execute_from_commandline()
     finally:
+        if operations is not None:
+            operations.stop()
+        elif server is not None:
+            server.server_close()
         if handle is not None:
             handle.stop()
 
@@ -483,6 +516,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["process", "thread", "off"],
         default=INGEST_DEFAULT,
         help="where this worker's ingest runs (off: run `dpstream ingest` elsewhere)",
+    )
+    endpoint = p.add_mutually_exclusive_group()
+    endpoint.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics, /livez and /readyz on this port (overrides metrics.port and "
+        "turns them on; 0: any free port)",
+    )
+    endpoint.add_argument(
+        "--no-metrics", action="store_true", help="do not serve them, whatever metrics: says"
     )
     p.set_defaults(func=cmd_worker)
 
