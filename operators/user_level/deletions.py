@@ -268,6 +268,15 @@ def step(
     return new_state, DeletionsRelease(t=t, bins=bins, inserts=ins, deletes=dele)
 
 
+def release_std(spec: DeletionsSpec, t: int, instance: int, tau: int) -> float:
+    """Exact std of every bin's F~_ins - F~_del at t when both sides run instance j with
+    bound tau~ (public: what ``dpstream check-config`` plans with): the sides' noises are
+    independent, so their variances add."""
+    ins = ul.release_std(spec.inserts, t, instance, tau)
+    dele = ul.release_std(spec.deletes, t, instance, tau)
+    return math.sqrt(ins**2 + dele**2)
+
+
 def exact_values(spec: DeletionsSpec, state: DeletionsState) -> tuple[int, ...]:
     """F(Truncate(D_ins, tau~_ins)) - F(Truncate(D_del, tau~_del)) per bin (noise 0)."""
     ins = ul.exact_values(spec.inserts, side_state(state, "ins"))

@@ -158,6 +158,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from dpstream.statistics.accuracy import plan_lines
     from dpstream.statistics.registry import describe
 
     cfg = load_config(args.file)
@@ -173,6 +174,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for s in cfg.statistics:
         print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
     for line in statement.describe():
+        print(f"  {line}")
+    for line in plan_lines(cfg):
         print(f"  {line}")
     return 0
 

@@ -103,7 +103,7 @@ def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
             assert rel["insecure"] == "insecure_zero"
             assert rel["interval"][0] < rel["value"] < rel["interval"][1]
-            assert rel["std"] > 0 and rel["schema_version"] == 3
+            assert rel["std"] > 0 and rel["schema_version"] == 4
             assert rel["epsilon"] == next(s.epsilon for s in cfg.statistics if s.name == name)
         # Truncation did bite: heavy users sent more than tau.
         true_total = sum(1 for x in zero_noise_run["log"] if b'"user_id"' in x)

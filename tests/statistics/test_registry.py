@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.config.schema import KINDS, Kind, parse_config
+from dpstream.config.schema import KINDS, Kind, Mechanism, parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.statistics import registry
 from dpstream.statistics.bounding import UnitBounding
@@ -26,6 +26,9 @@ from dpstream.statistics.registry import (
     identity,
     statistic_for,
 )
+from dpstream.statistics.releases import INTERVAL_OF
+
+MECHANISMS = typing.get_args(Mechanism)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +127,14 @@ def test_every_implementation_satisfies_the_contract(stat, privacy):
     assert impl.neighbours is None or isinstance(impl.neighbours, str)
     assert impl.lifetime_steps is None or impl.lifetime_steps > 0
     stage2 = _methods(StatisticBase)
-    assert stage2 == {"parts", "merge", "step", "ledger_start"}
+    assert stage2 == {"parts", "merge", "step", "ledger_start", "accuracy"}
+    # What every release states of its interval and its tree (releases.py).
+    assert impl.interval_of in INTERVAL_OF
+    assert impl.tree is None or (impl.tree[0] in MECHANISMS and impl.tree[1] >= 2)
+    ticks = (10, 1000)
+    plan = impl.accuracy(ticks)
+    assert plan.unit and plan.covers
+    assert all(len(stds) == len(ticks) for _, stds in plan.rows)
     assert {"counts", "apply", "redo", "close_tick", "scan_order"} == PER_USER
     assert all(callable(getattr(impl, m, None)) for m in stage2), impl
     if impl.bounding is None:  # per-user state: stage 1 is the statistic's own methods
