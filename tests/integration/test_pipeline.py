@@ -102,7 +102,10 @@ def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
         for rel in releases:
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
             assert rel["insecure"] == "insecure_zero"
-            assert rel["interval"][0] < rel["value"] < rel["interval"][1]
+            # The interval around the exact count, raised to 0 (design.md section 5c).
+            low, high = rel["interval"]
+            assert low < rel["value"] < high or low == rel["value"] == 0 < high
+            assert rel["value"] == rel["unbiased"] and rel["interval_of"] == "truncated"
             assert rel["std"] > 0 and rel["schema_version"] == 4
             assert rel["epsilon"] == next(s.epsilon for s in cfg.statistics if s.name == name)
         # Truncation did bite: heavy users sent more than tau.
