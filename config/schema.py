@@ -715,8 +715,11 @@ class StatisticConfig(_Model):
     # binary: Dong-Luo-Yi Alg. 2; kary / kary_subtract: Andersson-Pagh-Torkamani (k-ary
     # tree, with balanced negative digits); expiring: Andersson et al. (expiration) Alg. 3
     # (lambda, delay B); auto: the tree with the least exact MSE over horizon_ticks
-    # (choosing costs no privacy).
-    mechanism: Mechanism = "binary"
+    # (choosing costs no privacy). None (not named): resolved before anything runs it
+    # (statistics.registry.resolved): a statistic the ledger ran keeps the tree it ran, a
+    # new fixed-tau count or sum without a horizon gets the least-error unbounded tree,
+    # any other the binary tree (docs/design.md section 5a).
+    mechanism: Mechanism | None = None
     k: int | None = Field(None, ge=2, le=1024)
     lam: float | None = Field(None, alias="lambda", ge=0, le=16)
     delay: int = Field(0, ge=0, description="the delay B: no privacy loss for B steps")
@@ -797,7 +800,7 @@ class StatisticConfig(_Model):
         if not self.user_level and not params.fixed_tau:
             fixed = " and ".join(_kinds_with(lambda p: p.fixed_tau))
             raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: {fixed})")
-        if self.user_level and self.mechanism != "binary":
+        if self.user_level and self.mechanism not in (None, "binary"):
             raise ValueError("mechanism: tau: auto runs Dong-Luo-Yi's binary tree; use binary")
         if not self.user_level and (self.deletions or self.practical_instances):
             raise ValueError("deletions: only with tau: auto")
@@ -815,7 +818,7 @@ class StatisticConfig(_Model):
 
     @model_validator(mode="after")
     def _mechanism_parameters(self) -> StatisticConfig:
-        m = self.mechanism
+        m = self.mechanism or "the default tree"
         if m in ("kary", "kary_subtract") and self.k is None:
             raise ValueError(f"k: required for mechanism {m}")
         if m == "kary_subtract" and self.k is not None and self.k < 3:
@@ -852,7 +855,7 @@ class StatisticConfig(_Model):
             kind=self.kind,
             epsilon=exact(self.epsilon),
             form=form,
-            mechanism=self.mechanism,
+            mechanism=self.mechanism or "binary",  # every tree counter is charged alike
             lam=None if self.lam is None else exact(self.lam),
             delay=self.delay,
             horizon_ticks=self.horizon_ticks,

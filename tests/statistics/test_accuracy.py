@@ -5,7 +5,7 @@ ticks 10, 10^3, 10^5 and the horizon."""
 from __future__ import annotations
 
 from dpstream.config.schema import parse_config
-from dpstream.operators.trees import kary_tree, tree_counter
+from dpstream.operators.trees import kary_tree
 from dpstream.statistics.accuracy import plan_lines, planned_ticks
 from dpstream.statistics.registry import statistic_for
 
@@ -39,8 +39,9 @@ def test_the_plan_prints_each_statistics_exact_std_and_what_its_interval_covers(
     lines = plan_lines(cfg)
     text = "\n".join(lines)
     views, buys = (statistic_for(s, cfg) for s in cfg.statistics[:2])
-    stds = ", ".join(f"{tree_counter.std(views.spec, t):,.1f}" for t in (10, 1000, 100_000))
-    assert "  views: binary_tree, tree binary k=2, pure_dp, noise discrete_laplace; " in text
+    stds = ", ".join(f"{kary_tree.std(views.spec, t):,.1f}" for t in (10, 1000, 100_000))
+    # No mechanism named, no horizon: a new statistic's default tree (registry.default_tree).
+    assert "  views: kary_tree_subtract, tree kary_subtract k=13, pure_dp, noise " in text
     assert f"    std in events release: {stds}  (t=10, t=1,000, t=100,000)" in lines
     assert "each user's first 16 events (the true value can only be larger)" in text
     assert planned_ticks(4000) == (10, 1000, 100_000, 4000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, interval
-from dpstream.operators.trees import expiring_tree, tree_counter
+from dpstream.operators.trees import expiring_tree
 from dpstream.statistics.fixed_tau import least_value
 from dpstream.statistics.registry import statistic_for
 from dpstream.statistics.weights import KEPT_UNITS
@@ -39,9 +39,10 @@ def test_releases_show_a_count_never_below_zero_and_keep_the_unbiased_estimate()
     statistic = statistic_for(cfg.statistics[0], cfg)
     releases, _ = steps(statistic, [1, 0, 0, 2] + [0] * 60, KeyedNoise(KEY))
     # The operator's releases on the same input and noise: the unbiased estimates.
-    spec, state, expected = statistic.spec, tree_counter.init(statistic.spec), []
+    module, spec = statistic.module, statistic.spec
+    state, expected = module.init(spec), []
     for w in [1, 0, 0, 2] + [0] * 60:
-        state, rel = tree_counter.step(spec, state, w, KeyedNoise(KEY))
+        state, rel = module.step(spec, state, w, KeyedNoise(KEY))
         expected.append(rel)
     assert [r["unbiased"] for r in releases] == [rel.value for rel in expected]
     assert any(rel.value < 0 for rel in expected)  # the case the floor is for
@@ -89,5 +90,5 @@ def test_the_accuracy_plan_is_the_operators_exact_std():
     cfg = config({"kind": "sum", "max_value": 5})
     statistic = statistic_for(cfg.statistics[0], cfg)
     ((_, stds),) = statistic.accuracy((10,)).rows
-    assert stds == (tree_counter.std(statistic.spec, 10),) and stds[0] > 0
+    assert stds == (statistic.module.std(statistic.spec, 10),) and stds[0] > 0
     assert statistic.accuracy((10,)).unit == "units of value"

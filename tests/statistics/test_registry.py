@@ -18,10 +18,12 @@ from dpstream.operators.noise import ZeroNoise
 from dpstream.statistics import registry
 from dpstream.statistics.bounding import UnitBounding
 from dpstream.statistics.contract import PerUserStatistic, Report, StatisticBase, Step
+from dpstream.statistics.identity import identity_parameters
 from dpstream.statistics.registry import (
     KIND_FUNCTIONS,
     REGISTRY,
     check_registry,
+    default_tree,
     describe,
     identity,
     statistic_for,
@@ -181,3 +183,33 @@ def test_only_config_validation_and_the_registry_compare_kind_names():
             if path not in allowed:
                 assert kind_comparisons(path.read_text()) == [], path
     assert kind_comparisons('if stat.kind in ("count", "sum"): pass') == [1]
+
+
+@pytest.mark.parametrize(
+    ("stat", "tree"),
+    [
+        ({"tau": 8}, ("kary_subtract", 13)),  # a fixed-tau count without a horizon
+        ({"kind": "sum", "tau": 2, "max_value": 9}, ("kary_subtract", 13)),
+        ({"tau": 8, "horizon_ticks": 1000}, ("binary", None)),  # names auto to choose
+        ({"tau": "auto"}, ("binary", None)),  # tau: auto's instances: the binary tree
+        ({"kind": "histogram", "tau": "auto", "bins": 4}, ("binary", None)),
+        ({"kind": "mean", "mean": {"max_samples_per_user": 4}}, ("binary", None)),
+    ],
+)
+def test_a_new_statistic_that_names_no_mechanism_gets_the_default_tree(stat, tree):
+    cfg = config(stat, {})
+    assert cfg.statistics[0].mechanism is None
+    assert default_tree(cfg.statistics[0]) == tree
+    # The identity records that tree as if it were named (so one that ran before the
+    # default changed, which recorded "binary", is recognised: tests/pipeline/worker).
+    recorded = identity_parameters(cfg.statistics[0], cfg)["statistic"]
+    assert (recorded["mechanism"], recorded["k"]) == tree
+    if "mean" in stat:
+        return  # a mean names no mechanism (its own), and recorded binary before too
+    named = config({**stat, "mechanism": tree[0], **({"k": tree[1]} if tree[1] else {})}, {})
+    assert identity_parameters(cfg.statistics[0], cfg) == identity_parameters(
+        named.statistics[0], named
+    )
+    assert statistic_for(cfg.statistics[0], cfg).mechanism == (
+        statistic_for(named.statistics[0], named).mechanism
+    )
