@@ -441,7 +441,9 @@ class KindEntry:
     takes; tau and the tree parameters do not apply. ``values``: its event values are
     integers in [1, R], R given by this field (``max_value``, ``bins``). ``rank``: it takes
     ``rank`` and ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides
-    tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto).
+    tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto). ``trees``: with
+    tau: auto its instances may run the k-ary trees (``kary``, ``kary_subtract``) besides
+    Dong-Luo-Yi's binary tree.
     """
 
     needs_value: bool = True
@@ -450,15 +452,16 @@ class KindEntry:
     rank: bool = False
     fixed_tau: bool = False
     deletions: bool = True
+    trees: bool = False
 
 
 # The kinds the schema accepts, with the parameters each takes. Their implementations are
 # the statistics layer's registry (dpstream.statistics.registry), which checks at import
 # that it names the same kinds: adding a kind is its module, one line there and one here.
 KINDS: dict[str, KindEntry] = {
-    "count": KindEntry(needs_value=False, fixed_tau=True),
-    "sum": KindEntry(values="max_value", fixed_tau=True),
-    "histogram": KindEntry(values="bins"),
+    "count": KindEntry(needs_value=False, fixed_tau=True, trees=True),
+    "sum": KindEntry(values="max_value", fixed_tau=True, trees=True),
+    "histogram": KindEntry(values="bins", trees=True),
     "kselect": KindEntry(values="bins", rank=True, deletions=False),
     "distinct": KindEntry(deletions=False),
     "mean": KindEntry(section="mean"),
@@ -800,8 +803,11 @@ class StatisticConfig(_Model):
         if not self.user_level and not params.fixed_tau:
             fixed = " and ".join(_kinds_with(lambda p: p.fixed_tau))
             raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: {fixed})")
-        if self.user_level and self.mechanism not in (None, "binary"):
-            raise ValueError("mechanism: tau: auto runs Dong-Luo-Yi's binary tree; use binary")
+        trees = ("binary", "kary", "kary_subtract") if params.trees else ("binary",)
+        if self.user_level and self.mechanism not in (None, *trees):
+            raise ValueError(
+                f"mechanism: tau: auto runs kind {kind}'s instances on {' or '.join(trees)}"
+            )
         if not self.user_level and (self.deletions or self.practical_instances):
             raise ValueError("deletions: only with tau: auto")
         if self.deletions and not params.deletions:

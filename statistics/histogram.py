@@ -24,11 +24,11 @@ from .user_level import (
     UserLevelState,
     UserLevelStatistic,
     advance_streams,
+    algorithm,
     counter_spec,
     post_processing,
     series_fields,
     shown_bins,
-    versions,
 )
 from .user_level import describe as describe
 
@@ -95,5 +95,6 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> HistogramStati
 
 
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
-    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
-    return {"algorithm": {"mechanism": make_statistic(stat, cfg).mechanism, "versions": versions()}}
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions
+    (``user_level.algorithm``)."""
+    return {"algorithm": algorithm(make_statistic(stat, cfg))}

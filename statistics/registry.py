@@ -116,12 +116,15 @@ check_registry()  # at import: a kind that misses a function never runs
 
 
 def default_tree(stat: StatisticConfig) -> tuple[str, int | None]:
-    """(mechanism, k) of a NEW statistic that names no mechanism: a fixed-tau count or sum
-    without a horizon runs the least-error tree for an unbounded stream
-    (``kary_tree.choose_unbounded_tree``, public: choosing costs no privacy); every other
-    statistic the binary tree, as before (tau: auto's instances, the kinds with their own
-    caps, and a statistic with a horizon, which names ``auto`` to have it chosen)."""
-    if stat.own_caps or stat.user_level or stat.horizon_ticks is not None:
+    """(mechanism, k) of a NEW statistic that names no mechanism: a count, sum or histogram
+    without a horizon (fixed tau, or tau: auto's instances) runs the least-error tree for
+    an unbounded stream (``kary_tree.choose_unbounded_tree``, public: choosing costs no
+    privacy); every other statistic the binary tree, as before (distinct and k-selection,
+    whose instances run only that, the kinds with their own caps, and a statistic with a
+    horizon, which names ``auto`` to have its tree chosen)."""
+    if stat.own_caps or stat.horizon_ticks is not None:
+        return "binary", None
+    if stat.user_level and not KINDS[stat.kind].trees:
         return "binary", None
     name, k = kary_tree.choose_unbounded_tree()
     return name, None if name == "binary" else k

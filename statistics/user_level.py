@@ -28,7 +28,7 @@ from typing import Any
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
 from dpstream.operators.noise import NoiseSource, Shown
-from dpstream.operators.trees import tree_counter
+from dpstream.operators.trees import kary_tree, tree_counter
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import deletions, distinct_count, k_selection, svt
 
@@ -214,6 +214,7 @@ def counter_spec(
     options: dict[str, Any] = {
         "practical": stat.practical,
         "practical_instances": stat.practical_instances,
+        "tree": instance_tree(stat),
     }
     multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
     if stat.deletions:
@@ -228,10 +229,19 @@ def counter_spec(
     return ul, spec, ul.UserLevelState, ul.MECHANISM
 
 
+def instance_tree(stat: StatisticConfig) -> tuple[kary_tree.ChosenTree, int]:
+    """The counter a tau: auto count's, sum's or histogram's instances run: the k-ary tree
+    ``mechanism`` names (resolved: ``registry.resolved``), else Dong-Luo-Yi's binary tree
+    (docs/design.md section 5a: why re-admission into original ticks allows any tree)."""
+    if stat.mechanism in ("kary", "kary_subtract") and stat.k is not None:
+        return (stat.mechanism, stat.k)
+    return ul.BINARY
+
+
 def post_processing(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, Any]:
-    """The fields of a user-level statistic that say how its releases are shown: for
-    ``UserLevelStatistic``'s constructor."""
-    return {"noisy": cfg.noise.mode.value == "keyed"}
+    """The fields of a user-level statistic that say how its releases are shown and the
+    tree its instances run: for ``UserLevelStatistic``'s constructor."""
+    return {"noisy": cfg.noise.mode.value == "keyed", "tree": instance_tree(stat)}
 
 
 def shown_bins(
@@ -282,8 +292,17 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> UserLevelCount
 
 
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
-    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
-    return {"algorithm": {"mechanism": make_statistic(stat, cfg).mechanism, "versions": versions()}}
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions
+    (``algorithm``)."""
+    return {"algorithm": algorithm(make_statistic(stat, cfg))}
+
+
+def algorithm(statistic: UserLevelStatistic) -> dict[str, object]:
+    """A tau: auto statistic's algorithm: its mechanism and versions, with the k-ary tree's
+    version when its instances run one (on the binary tree it is what it always was, so
+    such a statistic's fingerprint is unchanged)."""
+    extra = {} if statistic.tree in (None, ul.BINARY) else {"kary_tree": kary_tree.VERSION}
+    return {"mechanism": statistic.mechanism, "versions": {**versions(), **extra}}
 
 
 def versions() -> dict[str, int]:

@@ -191,8 +191,11 @@ def test_only_config_validation_and_the_registry_compare_kind_names():
         ({"tau": 8}, ("kary_subtract", 13)),  # a fixed-tau count without a horizon
         ({"kind": "sum", "tau": 2, "max_value": 9}, ("kary_subtract", 13)),
         ({"tau": 8, "horizon_ticks": 1000}, ("binary", None)),  # names auto to choose
-        ({"tau": "auto"}, ("binary", None)),  # tau: auto's instances: the binary tree
-        ({"kind": "histogram", "tau": "auto", "bins": 4}, ("binary", None)),
+        ({"tau": "auto"}, ("kary_subtract", 13)),  # tau: auto's instances
+        ({"kind": "histogram", "tau": "auto", "bins": 4}, ("kary_subtract", 13)),
+        ({"tau": "auto", "deletions": True}, ("kary_subtract", 13)),
+        ({"kind": "distinct", "tau": "auto"}, ("binary", None)),  # runs the binary tree only
+        ({"kind": "kselect", "tau": "auto", "bins": 4, "rank": 1}, ("binary", None)),
         ({"kind": "mean", "mean": {"max_samples_per_user": 4}}, ("binary", None)),
     ],
 )

@@ -13,6 +13,7 @@ from dpstream.pipeline.tools.replay import replay
 from dpstream.statistics.registry import statistic_for
 
 KEY = bytes(range(32))
+TREE = {"name": "kary_subtract", "k": 13}
 STATS = [
     {"name": "count", "epsilon": 1.0, "tau": "auto"},
     {"name": "hist", "kind": "histogram", "epsilon": 1.0, "tau": "auto", "bins": 4},
@@ -20,9 +21,11 @@ STATS = [
 ]
 
 
-def config(mode: str = "keyed"):
+def config(mode: str = "keyed", **named):
+    """The three statistics, count and histogram with ``named`` (e.g. a mechanism)."""
     noise = {"mode": mode} if mode != "keyed" else {"mode": "keyed", "key_env": "X"}
-    return parse_config({"noise": noise, "privacy": {"total_epsilon": 10.0}, "statistics": STATS})
+    stats = [{**s, **named} if s["name"] != "distinct" else s for s in STATS]
+    return parse_config({"noise": noise, "privacy": {"total_epsilon": 10.0}, "statistics": stats})
 
 
 def log(ticks: int) -> list[bytes]:
@@ -53,7 +56,11 @@ def test_tau_auto_releases_are_never_below_zero_and_keep_the_unbiased_estimate()
             assert r["value"] >= 0 and r["interval"][0] >= 0
             assert r["interval"][0] <= r["value"] <= r["interval"][1]
             assert abs(r["value"] - r["unbiased"]) <= r["std"] or r["value"] == 0
-            assert r["interval_of"] == "truncated" and r["tree"] == {"name": "binary", "k": 2}
+            assert r["interval_of"] == "truncated"
+            # New statistics naming no mechanism: count's instances run the default tree;
+            # distinct runs only the binary tree (registry.default_tree).
+            tree = {"name": "binary", "k": 2} if name == "distinct" else TREE
+            assert r["tree"] == tree
     for r in out["hist"]:
         assert all(v >= 0 for v in r["values"]) and len(r["unbiased_values"]) == 4
         assert all(
@@ -63,10 +70,17 @@ def test_tau_auto_releases_are_never_below_zero_and_keep_the_unbiased_estimate()
         assert r["max_frequency"] == max(r["values"])
 
 
-def test_zero_noise_releases_show_the_exact_values():
+def test_zero_noise_releases_show_the_exact_values_on_either_tree():
     out = by_name(replay(config("insecure_zero"), log(5), ZeroNoise()))
     assert all(r["value"] == r["unbiased"] for r in out["count"] + out["distinct"])
     assert all(r["values"] == r["unbiased_values"] for r in out["hist"])
+    assert {r["tree"]["name"] for r in out["count"] + out["hist"]} == {"kary_subtract"}
+    # The same truncated values as on the binary tree (the tree only changes the noise).
+    binary = by_name(replay(config("insecure_zero", mechanism="binary"), log(5), ZeroNoise()))
+    assert {r["tree"]["name"] for r in binary["count"] + binary["hist"]} == {"binary"}
+    for name, field in (("count", "value"), ("hist", "values")):
+        assert [r[field] for r in out[name]] == [r[field] for r in binary[name]]
+        assert [r["tau"] for r in out[name]] == [r["tau"] for r in binary[name]]
 
 
 def test_the_plan_is_the_exact_std_at_each_tracked_bound():

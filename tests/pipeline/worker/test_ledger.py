@@ -82,13 +82,16 @@ def test_the_identity_names_the_resolved_tree_and_the_algorithms_versions():
     assert entry["identities"]["events"]["parameters"]["noise_sampler"] == 1
 
 
-def test_a_statistic_that_names_no_mechanism_keeps_the_tree_it_ran_a_new_one_gets_the_default():
+@pytest.mark.parametrize("tau", [8, "auto"])
+def test_a_statistic_that_names_no_mechanism_keeps_the_tree_it_ran_a_new_one_gets_the_default(
+    tau,
+):
     # Before the default changed, a statistic that named no mechanism recorded "binary"
     # (the schema's default then): its parameters are those of mechanism: binary now.
-    before = production()
+    before = production(tau=tau)
     before["statistics"][0]["mechanism"] = "binary"
     history, entry = started(before)
-    cfg = parse_config(production())
+    cfg = parse_config(production(tau=tau))
     assert cfg.statistics[0].mechanism is None and cfg.statistics[0].horizon_ticks is None
     # Taken as new it would run the new default tree: another statistic, refused by name.
     with pytest.raises(ConfigError, match=r"statistic\.mechanism"):
@@ -104,7 +107,7 @@ def test_a_statistic_that_names_no_mechanism_keeps_the_tree_it_ran_a_new_one_get
     # recorded as resolved, so its later starts keep it.
     fresh = with_mechanisms(cfg, ran_statistics(History()))
     assert statistic_for(fresh.statistics[0], fresh).tree == ("kary_subtract", 13)
-    history, entry = started(production())
+    history, entry = started(production(tau=tau))
     assert entry["identities"]["events"]["parameters"]["statistic"]["mechanism"] == (
         "kary_subtract"
     )
