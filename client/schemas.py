@@ -1,6 +1,6 @@
 """The published JSON Schemas of what a pipeline writes: its releases, its ledger entries
 and its dead letters, one file per record family and schema version in docs/schemas/
-(``release.v3.json``, ``ledger.v4.json``, ``dead-letter.v1.json``), shipped in the wheel as
+(``release.v4.json``, ``ledger.v4.json``, ``dead-letter.v1.json``), shipped in the wheel as
 the package ``dpstream.schemas``.
 
 They are generated from the ``TypedDict``\\ s the records are built by

@@ -21,10 +21,13 @@ Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statisti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
+from dpstream.operators.trees import kary_tree
 
 from . import (
     cell_mean,
@@ -128,19 +131,67 @@ def release_shapes() -> dict[type, list[str]]:
     return out
 
 
+def default_tree(stat: StatisticConfig) -> tuple[str, int | None]:
+    """(mechanism, k) of a NEW statistic that names no mechanism: a count, sum or histogram
+    without a horizon (fixed tau, or tau: auto's instances) runs the least-error tree for
+    an unbounded stream (``kary_tree.choose_unbounded_tree``, public: choosing costs no
+    privacy); every other statistic the binary tree, as before (distinct and k-selection,
+    whose instances run only that, the kinds with their own caps, and a statistic with a
+    horizon, which names ``auto`` to have its tree chosen)."""
+    if stat.own_caps or stat.horizon_ticks is not None:
+        return "binary", None
+    if stat.user_level and not KINDS[stat.kind].trees:
+        return "binary", None
+    name, k = kary_tree.choose_unbounded_tree()
+    return name, None if name == "binary" else k
+
+
+def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> StatisticConfig:
+    """``stat`` with its mechanism named, as it runs and as its identity records it.
+
+    Args:
+        stat: a statistic of the config.
+        ran: the statistic's parameters as the ledger recorded them when it ran
+            (``identity_parameters``'s ``statistic``), None for a statistic the ledger
+            has never seen.
+
+    Returns:
+        ``stat`` itself if it names a mechanism; else with the mechanism and k it ran (a
+        statistic that ran before the default changed recorded ``binary``, so it keeps
+        its tree and its fingerprint), or for a new one with ``default_tree``'s.
+    """
+    if stat.mechanism is not None:
+        return stat
+    if ran is not None:
+        mechanism, k = ran.get("mechanism") or "binary", ran.get("k")
+    else:
+        mechanism, k = default_tree(stat)
+    return stat.model_copy(update={"mechanism": mechanism, "k": k})
+
+
+def with_mechanisms(cfg: PipelineConfig, ran: Mapping[str, Mapping[str, Any]]) -> PipelineConfig:
+    """``cfg`` with every statistic ``resolved``: ``ran`` maps the names the ledger knows
+    to their recorded parameters (``pipeline.worker.ledger.ran_statistics``)."""
+    stats = [resolved(s, ran.get(s.name)) for s in cfg.statistics]
+    return cfg.model_copy(update={"statistics": stats})
+
+
 def implementation(stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
     """The module that implements ``stat`` under the pipeline's settings."""
     return REGISTRY[stat.kind].module_for(stat, cfg)
 
 
 def statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
-    """``stat`` as both stages run it."""
+    """``stat`` as both stages run it (a mechanism not named: a new statistic's unless
+    the config was resolved against the ledger first, ``with_mechanisms``)."""
+    stat = resolved(stat)
     statistic: Statistic = implementation(stat, cfg).make_statistic(stat, cfg)
     return statistic
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (its cost is the privacy statement's)."""
+    stat = resolved(stat)
     line: str = implementation(stat, cfg).describe(stat, cfg)
     return line
 
@@ -148,6 +199,7 @@ def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
     """What shapes ``stat`` beyond its config (``identity.py``): the mechanism as resolved,
     its algorithms' versions, what else its kind depends on."""
+    stat = resolved(stat)
     found: dict[str, object] = implementation(stat, cfg).identity(stat, cfg)
     return found
 

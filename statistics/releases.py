@@ -6,10 +6,13 @@ common ones (``ReleaseHeader``); every ledger entry of a statistic likewise
 identity. Stage 2 builds them all through ``Records``; the key order is part of the
 published bytes and is fixed here.
 
-Schema versions: releases 3 (the default ``kind: mean`` releases noisy samples, no exact
-counts), ledger records 4 (every record names its app id and is authenticated;
-statements carry runs, sources and the user id field; a statistic's first entry is
-``"event": "start"`` with its run: docs/design.md sections 4a and 4b).
+Schema versions: releases 4 (every release says what its interval covers, its counting
+tree, its accounting and its noise: ``interval_of``, ``tree``, ``accounting``, ``noise``;
+a count's, sum's, histogram's and distinct count's ``value`` is post-processed and the
+operator's estimate is ``unbiased``: docs/design.md section 5c), ledger records 4
+(every record names its app id and is authenticated; statements carry runs, sources and
+the user id field; a statistic's first entry is ``"event": "start"`` with its run:
+docs/design.md sections 4a and 4b).
 
 The shapes of what is published are declared here too, as ``TypedDict``\ s: the header
 of every release (``ReleaseHeader``) around each kind's own fields (``CounterFields``, ...;
@@ -35,9 +38,26 @@ from .contract import Statistic
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
-LEDGER_SCHEMA_VERSION = 4
+SCHEMA_VERSION = 4
 CONFIDENCE = 0.95  # of every interval a release carries
+# What every statistic's guarantee is accounted in and what its noise is drawn from today:
+# pure epsilon-DP (basic composition) and the discrete Laplace (operators.noise; a
+# continual mean's private medians are exponential-mechanism picks on top of it).
+ACCOUNTING = "pure_dp"
+NOISE = "discrete_laplace"
+# What a release's interval can cover (``Statistic.interval_of``; README, release schema):
+# "truncated": the statistic of the truncated data (each user's first tau contributions);
+# "clipped": the mean of the samples the mechanism covered, clipped to the bounds;
+# "none": the release has no interval (a k-selection's one-way margin).
+INTERVAL_OF = ("truncated", "clipped", "none")
+LEDGER_SCHEMA_VERSION = 4
+
+
+class TreeField(TypedDict):
+    """A release's counting tree as ``mechanism`` names it in the config, and its arity."""
+
+    name: str
+    k: int
 
 
 class ReleaseHeader(TypedDict):
@@ -54,6 +74,10 @@ class ReleaseHeader(TypedDict):
     epsilon: float
     neighbours: str
     mechanism: str
+    tree: TreeField | None  # the counting tree (None: the mechanism is not one tree)
+    interval_of: str  # one of INTERVAL_OF
+    accounting: str  # ACCOUNTING
+    noise: str  # NOISE
     public_counts: NotRequired[bool]  # only in a public-counts pipeline, and then true
     insecure: NotRequired[str]  # only with noise.mode other than keyed: that mode
 
@@ -74,9 +98,10 @@ class CounterFields(TypedDict):
     value, its noise's std and 95% interval, and the bound tau."""
 
     step: int
-    value: int
+    value: int  # post-processed (docs/design.md section 5c)
     std: float
     interval: Interval
+    unbiased: int  # the operator's unbiased estimate
     tau: int
 
 
@@ -95,9 +120,10 @@ class UserLevelFields(TrackedBound):
     its tracker and instances have spent so far (below its epsilon)."""
 
     step: int
-    value: int
+    value: int  # post-processed (docs/design.md section 5c)
     std: float
     interval: Interval
+    unbiased: int  # the operator's unbiased estimate
     epsilon_spent: float
 
 
@@ -106,9 +132,10 @@ class HistogramFields(TrackedBound):
     the max frequency (post-processing)."""
 
     step: int
-    values: list[int]
+    values: list[int]  # post-processed (docs/design.md section 5c)
     std: list[float]
     intervals: list[Interval]
+    unbiased_values: list[int]  # the operator's unbiased estimates
     max_frequency: int
     epsilon_spent: float
 
@@ -354,6 +381,12 @@ LEDGER_ENTRIES: tuple[tuple[type, ...], ...] = (
 """Every ledger entry, as the fields it is made of (each signed: ``Signature``)."""
 
 
+def tree_field(tree: tuple[str, int]) -> TreeField:
+    """The ``tree`` field of a release: (name, k) as an object."""
+    name, k = tree
+    return {"name": name, "k": k}
+
+
 @dataclass(frozen=True)
 class Identity:
     """What a statistic's first ledger entry says of its identity."""
@@ -381,6 +414,7 @@ class Records:
     def release(self, name: str, tick: int, fields: Mapping[str, Any]) -> dict[str, Any]:
         """A release of statistic ``name`` at ``tick``: the common fields around the kind's."""
         stat = next(s for s in self.cfg.statistics if s.name == name)
+        statistic = self.statistics[name]
         end = self.tick_end(tick)
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -393,7 +427,11 @@ class Records:
             "confidence": CONFIDENCE,
             "epsilon": stat.epsilon,
             "neighbours": self.neighbours(name),
-            "mechanism": self.statistics[name].mechanism,
+            "mechanism": statistic.mechanism,
+            "tree": None if statistic.tree is None else tree_field(statistic.tree),
+            "interval_of": statistic.interval_of,
+            "accounting": ACCOUNTING,
+            "noise": NOISE,
         }
         if self.cfg.privacy.public_counts:
             record["public_counts"] = True  # the statement: counts are not protected

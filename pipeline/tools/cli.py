@@ -159,7 +159,8 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from dpstream.statistics.registry import describe
+    from dpstream.statistics.accuracy import plan_lines
+    from dpstream.statistics.registry import default_tree, describe
 
     cfg = load_config(args.file)
     statement = cfg.privacy_statement()
@@ -172,8 +173,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"end), noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
-        print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
+        # An unnamed mechanism: a new statistic's default; one the ledger ran keeps its tree.
+        new_tree = s.mechanism is None and default_tree(s)[0] != "binary"
+        default = " (default for a new statistic; one that ran keeps its tree)" if new_tree else ""
+        print(f"  {s.name}: {describe(s, cfg)}{default} -> {cfg.release_topic(s.name)}")
     for line in statement.describe():
+        print(f"  {line}")
+    for line in plan_lines(cfg):
         print(f"  {line}")
     return 0
 
@@ -227,7 +233,7 @@ def run_worker(
     )
     from ..worker.app import create_app
     from ..worker.keys import load_key
-    from ..worker.ledger import record_statement
+    from ..worker.ledger import record_statement, resolved_config
     from ..worker.metrics import WorkerMetrics
     from ..worker.operations import Operations, bind
 
@@ -237,6 +243,9 @@ def run_worker(
     # A refused password or certificate stops here, with one message naming the setting.
     brokers = check_connection(cfg.kafka, bootstrap)
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
+    # A statistic that names no mechanism runs the tree the ledger says it ran, or if it is
+    # new the default tree (registry.resolved): before anything is built from the config.
+    cfg = resolved_config(cfg, bootstrap, key)
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
     lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
@@ -427,11 +436,19 @@ def cmd_export_log(args: argparse.Namespace) -> int:
 
 def cmd_ledger(args: argparse.Namespace) -> int:
     from ..worker.keys import load_key
-    from ..worker.ledger import history_of, plan, read_records, record_statement, runs_of
+    from ..worker.ledger import (
+        history_of,
+        plan,
+        read_records,
+        record_statement,
+        resolved_config,
+        runs_of,
+    )
 
     cfg = load_config(args.config)
     bootstrap = connected(cfg, args.bootstrap)
     key = load_key(cfg)
+    cfg = resolved_config(cfg, bootstrap, key)
     if args.charge_again:
         adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
         for name in args.charge_again:

@@ -24,6 +24,7 @@ import orjson
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.errors import DpStreamError
 from dpstream.operators.noise import NoiseSource
+from dpstream.statistics.registry import with_mechanisms
 
 from ..ingest.route import SourceRecord, route
 from ..stages.drivers import (
@@ -68,8 +69,11 @@ def replay(
     header = _header(first)
     if header is None:
         lines = itertools.chain([first], lines)
-    elif runs is None:
-        runs = runs_of_header(header)
+    else:
+        # A statistic that names no mechanism runs the tree the pipeline ran it on.
+        cfg = with_mechanisms(cfg, header.get("mechanisms", {}))
+        if runs is None:
+            runs = runs_of_header(header)
     topics = _Topics(cfg, noise, runs, ledger, dead_letters)
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()

@@ -41,6 +41,7 @@ from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
 from dpstream.statistics import releases
 from dpstream.statistics.identity import identity_parameters
+from dpstream.statistics.registry import with_mechanisms
 from dpstream.statistics.releases import RunIdentity
 
 from ..kafka.clients import make_producer, read_topic, tools_group
@@ -205,6 +206,14 @@ def runs_of(
             if current is None or current.run_id != charge.run_id:
                 retired[(charge.statistic, charge.run_id)] = charge
     return runs, retired, replaced
+
+
+def ran_statistics(history: History) -> dict[str, dict[str, Any]]:
+    """Each statistic's parameters as the ledger recorded them for its current run (its
+    ``identity_parameters``'s ``statistic``): what ``registry.with_mechanisms`` keeps a
+    statistic that names no mechanism running on (the tree it ran, not a new default)."""
+    runs, _, _ = runs_of(history.statements)
+    return {name: run.parameters.get("statistic", {}) for name, run in runs.items()}
 
 
 def _charge(obj: Mapping[str, Any], run_id: str) -> accounting.Charge:
@@ -436,6 +445,12 @@ def adopt(cfg: PipelineConfig, history: History, chosen: Plan) -> Plan:
         start = history.starts.get((stat.name, settled.run_id), mine.start_tick)
         out[stat.name] = StatisticRun(settled.run_id, mine.key_commitment, start, mine.replaces)
     return Plan(chosen.statement, out, chosen.new_runs)
+
+
+def resolved_config(cfg: PipelineConfig, bootstrap: str, key: PipelineKey) -> PipelineConfig:
+    """``cfg`` with each unnamed mechanism resolved against the ledger: the tree a
+    statistic ran, or a new statistic's default (``registry.with_mechanisms``)."""
+    return with_mechanisms(cfg, ran_statistics(history_of(cfg, read_records(cfg, bootstrap), key)))
 
 
 def refuse_lost_state(cfg: PipelineConfig, chosen: Plan, lost: Iterable[str]) -> None:

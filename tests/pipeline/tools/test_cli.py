@@ -44,6 +44,10 @@ def test_check_config_accepts_the_demo_and_prints_the_budget():
         "one user can lose at most 3 over the whole stream (basic composition) of "
         "total_epsilon=3" in out.stdout
     )
+    # The accuracy plan (statistics.accuracy): each statistic's std, what its interval covers.
+    assert "accuracy plan (std of a release at tick t" in out.stdout
+    assert "events: binary_tree, tree binary k=2, pure_dp, noise discrete_laplace" in out.stdout
+    assert "std in events release: 76.7, 336.6, 643.0  (t=10, t=1,000, t=100,000)" in out.stdout
 
 
 def test_bad_config_stops_with_the_field_named(tmp_path):
