@@ -274,6 +274,18 @@ class OutputConfig(_Model):
     _topics = field_validator("dead_letter_topic", "ledger_topic")(_topic_name)
 
 
+class MetricsConfig(_Model):
+    """The worker's operations endpoint: Prometheus metrics on ``/metrics`` and the health
+    probes ``/livez`` and ``/readyz``, on one port (docs/operations.md). Off by default;
+    ``dpstream worker --metrics-port`` turns it on at another port (several workers on one
+    host), ``--no-metrics`` off. The numbers it serves are exact and data-dependent
+    (docs/security.md section 5): the default host is this host only."""
+
+    enabled: bool = False
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(9464, ge=1, le=65535)
+
+
 class NoiseMode(StrEnum):
     keyed = "keyed"
     # Zero noise releases exact (truncated) values: NOT private. Tests and debugging only;
@@ -449,7 +461,9 @@ class KindEntry:
     takes; tau and the tree parameters do not apply. ``values``: its event values are
     integers in [1, R], R given by this field (``max_value``, ``bins``). ``rank``: it takes
     ``rank`` and ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides
-    tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto).
+    tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto). ``trees``: with
+    tau: auto its instances may run the k-ary trees (``kary``, ``kary_subtract``) besides
+    Dong-Luo-Yi's binary tree.
     """
 
     needs_value: bool = True
@@ -458,15 +472,16 @@ class KindEntry:
     rank: bool = False
     fixed_tau: bool = False
     deletions: bool = True
+    trees: bool = False
 
 
 # The kinds the schema accepts, with the parameters each takes. Their implementations are
 # the statistics layer's registry (dpstream.statistics.registry), which checks at import
 # that it names the same kinds: adding a kind is its module, one line there and one here.
 KINDS: dict[str, KindEntry] = {
-    "count": KindEntry(needs_value=False, fixed_tau=True),
-    "sum": KindEntry(values="max_value", fixed_tau=True),
-    "histogram": KindEntry(values="bins"),
+    "count": KindEntry(needs_value=False, fixed_tau=True, trees=True),
+    "sum": KindEntry(values="max_value", fixed_tau=True, trees=True),
+    "histogram": KindEntry(values="bins", trees=True),
     "kselect": KindEntry(values="bins", rank=True, deletions=False),
     "distinct": KindEntry(deletions=False),
     "mean": KindEntry(section="mean"),
@@ -723,8 +738,11 @@ class StatisticConfig(_Model):
     # binary: Dong-Luo-Yi Alg. 2; kary / kary_subtract: Andersson-Pagh-Torkamani (k-ary
     # tree, with balanced negative digits); expiring: Andersson et al. (expiration) Alg. 3
     # (lambda, delay B); auto: the tree with the least exact MSE over horizon_ticks
-    # (choosing costs no privacy).
-    mechanism: Mechanism = "binary"
+    # (choosing costs no privacy). None (not named): resolved before anything runs it
+    # (statistics.registry.resolved): a statistic the ledger ran keeps the tree it ran, a
+    # new fixed-tau count or sum without a horizon gets the least-error unbounded tree,
+    # any other the binary tree (docs/design.md section 5a).
+    mechanism: Mechanism | None = None
     k: int | None = Field(None, ge=2, le=1024)
     lam: float | None = Field(None, alias="lambda", ge=0, le=16)
     delay: int = Field(0, ge=0, description="the delay B: no privacy loss for B steps")
@@ -805,8 +823,11 @@ class StatisticConfig(_Model):
         if not self.user_level and not params.fixed_tau:
             fixed = " and ".join(_kinds_with(lambda p: p.fixed_tau))
             raise ValueError(f"tau: kind {kind} needs tau: auto (fixed tau: {fixed})")
-        if self.user_level and self.mechanism != "binary":
-            raise ValueError("mechanism: tau: auto runs Dong-Luo-Yi's binary tree; use binary")
+        trees = ("binary", "kary", "kary_subtract") if params.trees else ("binary",)
+        if self.user_level and self.mechanism not in (None, *trees):
+            raise ValueError(
+                f"mechanism: tau: auto runs kind {kind}'s instances on {' or '.join(trees)}"
+            )
         if not self.user_level and (self.deletions or self.practical_instances):
             raise ValueError("deletions: only with tau: auto")
         if self.deletions and not params.deletions:
@@ -823,7 +844,7 @@ class StatisticConfig(_Model):
 
     @model_validator(mode="after")
     def _mechanism_parameters(self) -> StatisticConfig:
-        m = self.mechanism
+        m = self.mechanism or "the default tree"
         if m in ("kary", "kary_subtract") and self.k is None:
             raise ValueError(f"k: required for mechanism {m}")
         if m == "kary_subtract" and self.k is not None and self.k < 3:
@@ -860,7 +881,7 @@ class StatisticConfig(_Model):
             kind=self.kind,
             epsilon=exact(self.epsilon),
             form=form,
-            mechanism=self.mechanism,
+            mechanism=self.mechanism or "binary",  # every tree counter is charged alike
             lam=None if self.lam is None else exact(self.lam),
             delay=self.delay,
             horizon_ticks=self.horizon_ticks,
@@ -896,6 +917,7 @@ class PipelineConfig(_Model):
     outputs: OutputConfig = OutputConfig()
     noise: NoiseConfig = NoiseConfig()
     kafka: KafkaSecurityConfig = KafkaSecurityConfig()
+    metrics: MetricsConfig = MetricsConfig()
     privacy: PrivacyConfig
     statistics: list[StatisticConfig] = Field(min_length=1)
 

@@ -38,6 +38,7 @@ charge after it), one record per cell and one ledger entry per slot. Node ids ar
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,8 +50,9 @@ from dpstream.operators.noise import NoiseSource, interval
 from dpstream.operators.selection import private_interval, private_quantile
 from dpstream.operators.state_codec import from_json, to_json
 
-from .contract import Report, Step, own_caps
+from .contract import MEAN_COVERS, Accuracy, Report, Step, own_caps
 from .events import Event
+from .releases import CellMeanFields
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,10 @@ Cells = dict[str, Agg]  # cell key -> aggregate
 
 # The states are stored as JSON (stage 1's and stage 2's tables); each class's
 # ``to_json``/``from_json`` are the only code that knows its JSON form.
+
+
+RELEASE_FIELDS = CellMeanFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +161,8 @@ class CellMeanStatistic:
     neighbours: str
     bounding: None = None
     lifetime_steps: int | None = None
+    tree: None = None  # one-shot releases per cell and slot
+    interval_of: str = "clipped"
 
     @property
     def spec(self) -> per_cell.CellMeanSpec:
@@ -417,6 +425,10 @@ class CellMeanStatistic:
                 "cells_above_e0": len(out.clip.forced),
             }
         return entry
+
+    def accuracy(self, ticks: Sequence[int]) -> Accuracy:
+        """Nothing planned: a mean's std depends on how many samples it covers (data)."""
+        return Accuracy("value", (), MEAN_COVERS)
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         cells = self.cells

@@ -10,7 +10,7 @@ samples when is public: every release says so.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -22,8 +22,12 @@ from dpstream.operators.selection import private_median
 from dpstream.operators.state_codec import from_json, to_json
 from dpstream.operators.trees import binary_mechanism
 
-from .contract import Report, Step, own_caps
+from .contract import MEAN_COVERS, Accuracy, Report, Step, own_caps
 from .events import Event
+from .releases import ContinualMeanFields
+
+RELEASE_FIELDS = ContinualMeanFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,8 @@ class ContinualMeanStatistic:
     neighbours: str = "user_values_same_arrivals"
     bounding: None = None
     lifetime_steps: int | None = None
+    tree: None = None  # per-level binary mechanisms, not one counting tree
+    interval_of: str = "clipped"
 
     @classmethod
     def of(cls, stat: StatisticConfig, cfg: PipelineConfig) -> ContinualMeanStatistic:
@@ -170,6 +176,10 @@ class ContinualMeanStatistic:
             "bounds": [float(self.spec.lower), float(self.spec.upper)],
         }
         return Step(to_json(state), (fields,))
+
+    def accuracy(self, ticks: Sequence[int]) -> Accuracy:
+        """Nothing planned: a mean's std depends on how many samples it covers (data)."""
+        return Accuracy("value", (), MEAN_COVERS)
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         split = continual_mean.privacy_budget(self.spec)

@@ -9,7 +9,7 @@ imports this module and none imports another's: no import cycles.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,6 +82,31 @@ class Step:
     ledger: tuple[dict[str, Any], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Accuracy:
+    """What ``dpstream check-config`` plans of a statistic's releases (``accuracy.py``):
+    the std of a release at planned ticks, in the statistic's units, from public parameters
+    only (the mechanism's exact per-tick variance); nothing is assumed of the data.
+
+    Attributes:
+        unit: what the numbers count ("events", "units of value", ...).
+        rows: (what the std is of, its std at each planned tick; None where the
+            statistic releases nothing then or the std depends on the data).
+        covers: what a release's interval covers, in words (``interval_of``).
+    """
+
+    unit: str
+    rows: tuple[tuple[str, tuple[float | None, ...]], ...]
+    covers: str
+
+
+# What a mean's interval covers, in words (check-config's plan).
+MEAN_COVERS = (
+    "the mean of the samples the mechanism covered, each clipped to the bounds; its std "
+    "depends on how many there are (data), so none is planned"
+)
+
+
 class StatisticBase(Protocol):
     """What every statistic has, whichever form its stage 1 takes: its names and its
     stage 2. Every state, redo record and payload is plain JSON (they live in Faust
@@ -109,6 +134,18 @@ class StatisticBase(Protocol):
         ...
 
     @property
+    def tree(self) -> tuple[str, int] | None:
+        """The counting tree its noise comes from, (name, k) as ``mechanism`` names it:
+        ("binary", 2), ("kary_subtract", 13), ...; None: no tree (a per-cell mean's
+        releases are one-shot)."""
+        ...
+
+    @property
+    def interval_of(self) -> str:
+        """What its releases' intervals cover (``releases.INTERVAL_OF`` lists the values)."""
+        ...
+
+    @property
     def lifetime_steps(self) -> int | None:
         """How many steps its charge covers (``accounting.lifetime_steps``; an expiring
         counter's horizon): stage 2 releases nothing after them. None: no limit."""
@@ -130,6 +167,10 @@ class StatisticBase(Protocol):
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The statistic's first ledger entry, from the common one (``entry``)."""
+        ...
+
+    def accuracy(self, ticks: Sequence[int]) -> Accuracy:
+        """The planned std of its releases at ``ticks`` (``dpstream check-config``)."""
         ...
 
 
@@ -186,6 +227,9 @@ told apart by ``bounding`` (None: per-user state)."""
 
 class KindModule(Protocol):
     """A kind's module, as the registry (``registry.py``) finds it."""
+
+    RELEASE_FIELDS: type
+    """The ``TypedDict`` (``releases.py``) of its releases' own fields."""
 
     def make_statistic(self, stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
         """``stat`` as both stages run it."""

@@ -15,15 +15,26 @@ from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting
-from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.noise import NoiseSource
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import distinct_count
 
 from .bounding import UnitBounding
 from .events import Event
-from .user_level import UserLevelState, UserLevelStatistic, series_fields, versions
+from .releases import UserLevelFields
+from .user_level import (
+    UserLevelState,
+    UserLevelStatistic,
+    post_processing,
+    series_fields,
+    shown_bins,
+    versions,
+)
 from .user_level import describe as describe
 from .weights import INSERTS, crossing_key, distinct_key, distinct_values, parse_weights
+
+RELEASE_FIELDS = UserLevelFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +66,20 @@ class DistinctStatistic(UserLevelStatistic):
         op_state, rel = distinct_count.step(self.spec, op_state, units, crossings, noise)
         return op_state, rel, min_band
 
-    def values(self, rel: Any) -> dict[str, Any]:
+    def values(
+        self, rel: Any, previous: list[int] | None
+    ) -> tuple[dict[str, Any], list[int] | None]:
         out = series_fields(rel, None)
         (only,) = rel.bins
-        out["value"] = only.value
+        (seen,) = shown_bins(rel.bins, previous, 0, self.noisy)
+        out["value"] = seen.value
         out["std"] = only.std
-        out["interval"] = interval(only.value, only.ci95)
-        return out
+        out["interval"] = list(seen.interval)
+        out["unbiased"] = only.value
+        return out, [seen.value]
+
+    def planned_std(self, t: int, instance: int, tau: int) -> float | None:
+        return ul.release_std(self.spec.mechanism, t, instance, tau)
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> DistinctStatistic:
@@ -77,7 +95,12 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> DistinctStatis
         practical_instances=stat.practical_instances,
     )
     return DistinctStatistic(
-        stat, distinct_count, spec, ul.UserLevelState, distinct_count.MECHANISM
+        stat,
+        distinct_count,
+        spec,
+        ul.UserLevelState,
+        distinct_count.MECHANISM,
+        **post_processing(stat, cfg),
     )
 
 

@@ -7,25 +7,58 @@ at a time in numpy); stage 2 steps the operator module the config names
 (``operators.trees``) and releases its value, std and interval. An expiring counter is
 charged epsilon g(horizon) (``operators.accounting``), so it releases nothing after
 ``horizon_ticks`` steps (``lifetime_steps``).
+
+What a release shows is post-processed at no privacy cost (``noise.post_processing``):
+``value`` never below 0 and moving at a tick only as far as the tick's release requires,
+``interval`` raised to 0 likewise; the operator's unbiased estimate is ``unbiased``, its
+noise's std ``std``. The stage-2 state is the operator's with the value shown last.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
-from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.noise import NoiseSource, Shown, TreeRelease, interval, settle
 from dpstream.operators.trees import expiring_tree, kary_tree, tree_counter
 from dpstream.operators.user_level import truncation
 
 from .bounding import ColumnarBounding
-from .contract import Step, WeightsStage2
+from .contract import Accuracy, Step, WeightsStage2
+from .releases import CounterFields
 from .weights import KEPT_UNITS
+
+RELEASE_FIELDS = CounterFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
+
+
+def shown_state(state_json: Any) -> tuple[Any, Any]:
+    """(the operator's state JSON, what was shown last) of a stage-2 state: the wrapped
+    form ``{"operator": ..., "shown": ...}``, or the operator's state alone as states
+    written before post-processing hold it (nothing shown yet)."""
+    if isinstance(state_json, dict) and "operator" in state_json:
+        return state_json["operator"], state_json.get("shown")
+    return state_json, None
+
+
+def least_value(stat: StatisticConfig) -> int | None:
+    """The least value a release of ``stat`` can be about: 0 for counts, for sums of
+    ``max_value`` values (integers in [1, R]) and for histograms' bins, without deletions;
+    None (no floor) where the truncated insertions minus the truncated deletions can be
+    negative and for sums whose values the config bounds otherwise."""
+    if stat.deletions or (KINDS[stat.kind].values == "max_value" and stat.max_value is None):
+        return None
+    return 0
+
+
+def unit_of(stat: StatisticConfig) -> str:
+    """What a release of ``stat`` counts (check-config's plan)."""
+    return "events" if stat.max_value is None else "units of value"
 
 
 @dataclass(frozen=True)
@@ -45,23 +78,45 @@ class FixedTauStatistic(WeightsStage2):
     privacy_loss: Callable[[int], float] | None = None
     lifetime_steps: int | None = None
     neighbours: str | None = None
+    tree: tuple[str, int] | None = None
+    # What the releases show (noise.post_processing): the floor, and whether the noise is
+    # real (with noise.mode insecure_zero the estimate is exact and shown as it is).
+    floor: int | None = 0
+    noisy: bool = True
+    unit: str = "events"
+    interval_of: str = "truncated"
 
     def step(self, state_json: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
+        operator, previous = shown_state(state_json)
         state = (
             self.module.init(self.spec)
-            if state_json is None
-            else state_codec.from_json(self.state_cls, state_json)
+            if operator is None
+            else state_codec.from_json(self.state_cls, operator)
         )
         weight = (pending or {}).get(KEPT_UNITS, 0)
         state, rel = self.module.step(self.spec, state, weight, noise)
+        seen = shown(previous, rel, self.floor, self.noisy)
         fields = {
             "step": rel.t,
-            "value": rel.value,
+            "value": seen.value,
             "std": rel.std,
-            "interval": interval(rel.value, rel.ci95),
+            "interval": list(seen.interval),
+            "unbiased": rel.value,
             "tau": self.tau,
         }
-        return Step(state_codec.to_json(state), (fields,))
+        return Step({"operator": state_codec.to_json(state), "shown": seen.value}, (fields,))
+
+    def accuracy(self, ticks: Sequence[int]) -> Accuracy:
+        last = self.lifetime_steps
+        stds = tuple(
+            None if last is not None and t > last else float(self.module.std(self.spec, t))
+            for t in ticks
+        )
+        covers = (
+            f"the truncated value: each user's first {self.tau} {self.unit} (the true value "
+            "can only be larger)"
+        )
+        return Accuracy(self.unit, (("release", stds),), covers)
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         curve = self._loss_by_age()
@@ -85,7 +140,13 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> FixedTauStatis
     """The tree counter of ``stat`` over the kept units; under ``any_subset`` each leaf's
     sensitivity doubles (``accounting.sensitivity_multiplier``)."""
     multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
-    return counter_for(stat, multiplier * stat.fixed_tau)
+    counter = counter_for(stat, multiplier * stat.fixed_tau)
+    return replace(
+        counter,
+        floor=least_value(stat),
+        noisy=cfg.noise.mode.value == "keyed",
+        unit=unit_of(stat),
+    )
 
 
 def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> FixedTauStatistic:
@@ -108,7 +169,12 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> F
     if mechanism == "binary":
         binary = tree_counter.make_binary_tree(epsilon, sensitivity, prefix)
         return FixedTauStatistic(
-            *common, tree_counter.MECHANISM, tree_counter, binary, tree_counter.BinaryTreeState
+            *common,
+            tree_counter.MECHANISM,
+            tree_counter,
+            binary,
+            tree_counter.BinaryTreeState,
+            tree=("binary", 2),
         )
     if mechanism in ("kary", "kary_subtract"):
         kary = kary_tree.make_kary_tree(
@@ -119,7 +185,12 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> F
             subtract=mechanism == "kary_subtract",
         )
         return FixedTauStatistic(
-            *common, kary_tree.mechanism(kary), kary_tree, kary, kary_tree.KaryTreeState
+            *common,
+            kary_tree.mechanism(kary),
+            kary_tree,
+            kary,
+            kary_tree.KaryTreeState,
+            tree=(mechanism, kary.k),
         )
     if mechanism == "expiring":
         expiring = expiring_tree.make_expiring_tree(
@@ -137,6 +208,7 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> F
             expiring_tree.ExpiringTreeState,
             privacy_loss=lambda d: expiring_tree.privacy_loss(expiring, d),
             lifetime_steps=accounting.lifetime_steps(stat.terms()),
+            tree=("expiring", 2),
         )
     raise ValueError(f"unknown mechanism {mechanism!r}")  # the config schema rules this out
 
@@ -155,17 +227,32 @@ def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (``dpstream check-config``)."""
+    tree = make_statistic(stat, cfg).tree
+    k = tree[1] if tree is not None and tree[0].startswith("kary") else None
     params = "".join(
         f", {name}={value}"
         for name, value in (
-            ("k", stat.k),
+            ("k", k),
             ("lambda", stat.lam),
             ("horizon_ticks", stat.horizon_ticks),
             ("key", stat.key),
         )
         if value is not None
     )
-    return f"{stat.kind} via {stat.mechanism}, epsilon={stat.epsilon:g}, tau={stat.tau}{params}"
+    via = (
+        stat.mechanism
+        if tree is None or stat.mechanism == tree[0]
+        else f"{stat.mechanism}: {tree[0]}"
+    )
+    return f"{stat.kind} via {via}, epsilon={stat.epsilon:g}, tau={stat.tau}{params}"
+
+
+def shown(previous: int | None, rel: TreeRelease, floor: int | None, noisy: bool) -> Shown:
+    """What release ``rel`` shows (``noise.post_processing.settle``): its value moved from
+    the one shown before only as far as it requires, raised to ``floor``; with exact
+    (zero) noise, its value as it is (the deadband would only lag behind the truth)."""
+    low, high = interval(rel.value, rel.ci95)
+    return settle(previous, rel.value, rel.std if noisy else 0.0, (low, high), floor)
 
 
 def _required(value: Any, name: str, needed_by: str) -> Any:

@@ -13,19 +13,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
-from dpstream.operators.noise import NoiseSource, interval
+from dpstream.operators.noise import NoiseSource
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import deletions
 
 from .bounding import UnitBounding, clamped_units, rank_band_weights
 from .events import Event
+from .fixed_tau import least_value
+from .releases import HistogramFields
 from .user_level import (
     UserLevelState,
     UserLevelStatistic,
     advance_streams,
+    algorithm,
     counter_spec,
+    post_processing,
     series_fields,
-    versions,
+    shown_bins,
 )
 from .user_level import describe as describe
+
+RELEASE_FIELDS = HistogramFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +64,25 @@ class HistogramStatistic(UserLevelStatistic):
         op_state, rel = advance_streams(self.module, self.spec, op_state, weights, noise)
         return op_state, rel, None
 
-    def values(self, rel: Any) -> dict[str, Any]:
+    def values(
+        self, rel: Any, previous: list[int] | None
+    ) -> tuple[dict[str, Any], list[int] | None]:
         inserts = rel.inserts if self.stat.deletions else rel
         out = series_fields(inserts, rel.deletes if self.stat.deletions else None)
         bins = rel.bins
-        out["values"] = [b.value for b in bins]
+        seen = shown_bins(bins, previous, least_value(self.stat), self.noisy)
+        out["values"] = [s.value for s in seen]
         out["std"] = [b.std for b in bins]
-        out["intervals"] = [interval(b.value, b.ci95) for b in bins]
-        # Post-processing (Dong-Luo-Yi Sec. IV-B): no extra privacy cost.
-        out["max_frequency"] = max(b.value for b in bins)
-        return out
+        out["intervals"] = [list(s.interval) for s in seen]
+        out["unbiased_values"] = [b.value for b in bins]
+        # Post-processing (Dong-Luo-Yi Sec. IV-B): no extra privacy cost; of the values shown.
+        out["max_frequency"] = max(s.value for s in seen)
+        return out, [s.value for s in seen]
+
+    def planned_std(self, t: int, instance: int, tau: int) -> float | None:
+        if isinstance(self.spec, deletions.DeletionsSpec):
+            return deletions.release_std(self.spec, t, instance, tau)
+        return ul.release_std(self.spec, t, instance, tau)
 
 
 def _bins(stat: StatisticConfig) -> int:
@@ -75,9 +93,12 @@ def _bins(stat: StatisticConfig) -> int:
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> HistogramStatistic:
     """A tau: auto histogram over ``bins`` values (with deletions: Sec. VI)."""
-    return HistogramStatistic(stat, *counter_spec(stat, cfg, bins=_bins(stat)))
+    return HistogramStatistic(
+        stat, *counter_spec(stat, cfg, bins=_bins(stat)), **post_processing(stat, cfg)
+    )
 
 
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
-    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
-    return {"algorithm": {"mechanism": make_statistic(stat, cfg).mechanism, "versions": versions()}}
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions
+    (``user_level.algorithm``)."""
+    return {"algorithm": algorithm(make_statistic(stat, cfg))}

@@ -14,7 +14,7 @@ from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting
 from dpstream.operators.noise import discrete_laplace
 
-from .registry import identity
+from .registry import identity, resolved
 
 
 def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
@@ -23,7 +23,9 @@ def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str,
     another set of users, each with a fresh bound inside the same trees), the noise mode
     (zero and keyed noise never share a statistic), what its kind adds (the mechanism as
     resolved and its algorithms' versions, and e.g. a continual mean's partitions, over
-    which its cap on users is split) and the noise sampler's version."""
+    which its cap on users is split) and the noise sampler's version. A mechanism not
+    named is resolved first (``registry.resolved``): the identity records the tree."""
+    stat = resolved(stat)
     return {
         "app_id": cfg.app_id,
         "statistic": stat.model_dump(mode="json", by_alias=True),

@@ -20,9 +20,13 @@ from dpstream.operators.noise import NoiseSource
 from dpstream.operators.user_level import k_selection
 
 from .histogram import HistogramBounding
-from .user_level import UserLevelState, UserLevelStatistic, versions
+from .releases import KSelectFields
+from .user_level import UserLevelState, UserLevelStatistic, post_processing, versions
 from .user_level import describe as describe
 from .weights import INSERTS, parse_weights
+
+RELEASE_FIELDS = KSelectFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True)
@@ -41,9 +45,11 @@ class KSelectStatistic(UserLevelStatistic):
         op_state, rel = k_selection.step(self.spec, op_state, bands, crossings, noise)
         return op_state, rel, None
 
-    def values(self, rel: Any) -> dict[str, Any]:
+    def values(
+        self, rel: Any, previous: list[int] | None
+    ) -> tuple[dict[str, Any], list[int] | None]:
         full = self.spec.delta_factor == 1
-        return {
+        own = {
             "value": rel.value,  # 0: no value passes (fewer than k items, privately)
             "k": rel.k,
             "margin": rel.margin,
@@ -54,6 +60,10 @@ class KSelectStatistic(UserLevelStatistic):
             "tau": max(rel.taus),
             "taus": list(rel.taus),
         }
+        return own, None  # a rank, not a count: nothing to floor or settle
+
+    def planned_std(self, t: int, instance: int, tau: int) -> float | None:
+        return None  # a one-way bound with its margin, no std
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> KSelectStatistic:
@@ -76,7 +86,15 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> KSelectStatist
         practical_instances=stat.practical_instances,
         **named.get(stat.rank, {"k": stat.rank}),
     )
-    return KSelectStatistic(stat, k_selection, spec, k_selection.KSelectionState, "k_selection")
+    return KSelectStatistic(
+        stat,
+        k_selection,
+        spec,
+        k_selection.KSelectionState,
+        "k_selection",
+        **post_processing(stat, cfg),
+        interval_of="none",
+    )
 
 
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:

@@ -4,10 +4,11 @@ One line per kind (``REGISTRY``). A kind's module holds its stage-1 bounding and
 stage-2 step and has three functions: ``make_statistic(stat, cfg)`` (its
 ``contract.Statistic``), ``describe(stat, cfg)`` (one line for ``dpstream check-config``)
 and ``identity(stat, cfg)`` (what shapes the statistic beyond its config: the mechanism as
-resolved, its algorithms' versions; ``identity.py``). Where one kind has two algorithms,
-the line says which setting chooses: a count or a sum is Dong-Luo-Yi's Alg. 3 with a
-fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean the whole-user mean or, with
-public counts, George et al.'s (``ByCounts``).
+resolved, its algorithms' versions; ``identity.py``), and names the shape of its releases
+(``RELEASE_FIELDS``, a ``TypedDict`` of ``releases.py``; ``release_shapes``). Where one
+kind has two algorithms, the line says which setting chooses: a count or a sum is
+Dong-Luo-Yi's Alg. 3 with a fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean
+the whole-user mean or, with public counts, George et al.'s (``ByCounts``).
 
 The config schema lists the kinds and the parameters each takes (``config.schema.KINDS``);
 this registry and that list name the same kinds, and every module has every function:
@@ -20,10 +21,13 @@ Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statisti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
+from dpstream.operators.trees import kary_tree
 
 from . import (
     cell_mean,
@@ -40,6 +44,7 @@ from .events import ValueRule
 
 # What every kind's module has (``contract.KindModule``).
 KIND_FUNCTIONS = ("make_statistic", "describe", "identity")
+KIND_ATTRIBUTES = ("RELEASE_FIELDS",)
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ def check_registry() -> None:
 
     Raises:
         TypeError: a kind the config lists but the registry does not (or the reverse), or
-            a module without one of ``KIND_FUNCTIONS``.
+            a module without one of ``KIND_FUNCTIONS`` or ``KIND_ATTRIBUTES``.
     """
     if set(REGISTRY) != set(KINDS):
         raise TypeError(
@@ -105,11 +110,70 @@ def check_registry() -> None:
     for kind, implementation in REGISTRY.items():
         for module in _modules(implementation):
             missing = [f for f in KIND_FUNCTIONS if not callable(getattr(module, f, None))]
+            missing += [a for a in KIND_ATTRIBUTES if not hasattr(module, a)]
             if missing:
                 raise TypeError(f"kind {kind}: {module.__name__} has no {', '.join(missing)}")
 
 
 check_registry()  # at import: a kind that misses a function never runs
+
+
+def release_shapes() -> dict[type, list[str]]:
+    """The shapes of the kinds' releases (each module's ``RELEASE_FIELDS``), each with the
+    kinds that release in it, in the registry's order (the published schemas,
+    ``dpstream.client.schemas``)."""
+    out: dict[type, list[str]] = {}
+    for kind, implementation in REGISTRY.items():
+        for module in _modules(implementation):
+            kinds = out.setdefault(module.RELEASE_FIELDS, [])
+            if kind not in kinds:
+                kinds.append(kind)
+    return out
+
+
+def default_tree(stat: StatisticConfig) -> tuple[str, int | None]:
+    """(mechanism, k) of a NEW statistic that names no mechanism: a count, sum or histogram
+    without a horizon (fixed tau, or tau: auto's instances) runs the least-error tree for
+    an unbounded stream (``kary_tree.choose_unbounded_tree``, public: choosing costs no
+    privacy); every other statistic the binary tree, as before (distinct and k-selection,
+    whose instances run only that, the kinds with their own caps, and a statistic with a
+    horizon, which names ``auto`` to have its tree chosen)."""
+    if stat.own_caps or stat.horizon_ticks is not None:
+        return "binary", None
+    if stat.user_level and not KINDS[stat.kind].trees:
+        return "binary", None
+    name, k = kary_tree.choose_unbounded_tree()
+    return name, None if name == "binary" else k
+
+
+def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> StatisticConfig:
+    """``stat`` with its mechanism named, as it runs and as its identity records it.
+
+    Args:
+        stat: a statistic of the config.
+        ran: the statistic's parameters as the ledger recorded them when it ran
+            (``identity_parameters``'s ``statistic``), None for a statistic the ledger
+            has never seen.
+
+    Returns:
+        ``stat`` itself if it names a mechanism; else with the mechanism and k it ran (a
+        statistic that ran before the default changed recorded ``binary``, so it keeps
+        its tree and its fingerprint), or for a new one with ``default_tree``'s.
+    """
+    if stat.mechanism is not None:
+        return stat
+    if ran is not None:
+        mechanism, k = ran.get("mechanism") or "binary", ran.get("k")
+    else:
+        mechanism, k = default_tree(stat)
+    return stat.model_copy(update={"mechanism": mechanism, "k": k})
+
+
+def with_mechanisms(cfg: PipelineConfig, ran: Mapping[str, Mapping[str, Any]]) -> PipelineConfig:
+    """``cfg`` with every statistic ``resolved``: ``ran`` maps the names the ledger knows
+    to their recorded parameters (``pipeline.worker.ledger.ran_statistics``)."""
+    stats = [resolved(s, ran.get(s.name)) for s in cfg.statistics]
+    return cfg.model_copy(update={"statistics": stats})
 
 
 def implementation(stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
@@ -118,13 +182,16 @@ def implementation(stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:
 
 
 def statistic_for(stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
-    """``stat`` as both stages run it."""
+    """``stat`` as both stages run it (a mechanism not named: a new statistic's unless
+    the config was resolved against the ledger first, ``with_mechanisms``)."""
+    stat = resolved(stat)
     statistic: Statistic = implementation(stat, cfg).make_statistic(stat, cfg)
     return statistic
 
 
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (its cost is the privacy statement's)."""
+    stat = resolved(stat)
     line: str = implementation(stat, cfg).describe(stat, cfg)
     return line
 
@@ -132,6 +199,7 @@ def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
     """What shapes ``stat`` beyond its config (``identity.py``): the mechanism as resolved,
     its algorithms' versions, what else its kind depends on."""
+    stat = resolved(stat)
     found: dict[str, object] = implementation(stat, cfg).identity(stat, cfg)
     return found
 

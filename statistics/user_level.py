@@ -11,11 +11,15 @@ streams) and writes a budget entry whenever its tracker or instance series spend
 ``histogram``, ``kselect`` and ``distinct``): the state's JSON form, the step around the
 operator, the budget entry. Each kind says how its operator advances (``advance``), what
 its release holds (``values``) and how its spend splits (``spent``).
+
+What a release shows is post-processed at no privacy cost, as a fixed-tau count's
+(``fixed_tau.shown``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
@@ -23,14 +27,22 @@ from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
-from dpstream.operators.noise import NoiseSource, interval
-from dpstream.operators.trees import tree_counter
+from dpstream.operators.noise import NoiseSource, Shown
+from dpstream.operators.trees import kary_tree, tree_counter
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import deletions, distinct_count, k_selection, svt
 
 from .bounding import ColumnarBounding, UnitBounding
-from .contract import Step, WeightsStage2
+from .contract import Accuracy, Step, WeightsStage2
+from .fixed_tau import least_value, shown, unit_of
+from .releases import UserLevelFields
 from .weights import DELETES, INSERTS, parse_weights
+
+# How many doublings of the tracked bound check-config plans for (tau~ = tau_1 * 8^i).
+PLANNED_BOUNDS = 3
+
+RELEASE_FIELDS = UserLevelFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +55,21 @@ class UserLevelState:
     operator: dict[str, Any] | None = None
     spent: dict[str, float] | None = None
     min_band: dict[str, int] | None = None
+    shown: list[int] | None = None  # per bin, what the last release showed
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {} if self.min_band is None else {"min_band": self.min_band}
         out["operator"] = self.operator
         out["spent"] = self.spent
+        if self.shown is not None:
+            out["shown"] = self.shown
         return out
 
     @classmethod
     def from_json(cls, data: Any) -> UserLevelState:
         if data is None:
             return cls()
-        return cls(data["operator"], data["spent"], data.get("min_band"))
+        return cls(data["operator"], data["spent"], data.get("min_band"), data.get("shown"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,9 @@ class UserLevelStatistic(WeightsStage2, ABC):
     mechanism: str
     neighbours: str | None = None
     lifetime_steps: int | None = None
+    tree: tuple[str, int] | None = ul.BINARY
+    noisy: bool = True  # False with noise.mode insecure_zero: shown as it is (fixed_tau)
+    interval_of: str = "truncated"
 
     @property
     def name(self) -> str:
@@ -86,8 +104,16 @@ class UserLevelStatistic(WeightsStage2, ABC):
         state (distinct's m(v)) or None)."""
 
     @abstractmethod
-    def values(self, rel: Any) -> dict[str, Any]:
-        """The release's own fields."""
+    def values(
+        self, rel: Any, previous: list[int] | None
+    ) -> tuple[dict[str, Any], list[int] | None]:
+        """(the release's own fields, per bin the values it shows) from the operator's
+        release and the values shown at the tick before (None: none yet)."""
+
+    def planned_std(self, t: int, instance: int, tau: int) -> float | None:
+        """The exact std of a release at tick t by instance j with bound tau~ (None: the
+        kind releases no std)."""
+        return ul.release_std(self.spec, t, instance, tau)
 
     def spent(self, op_state: Any) -> tuple[Fraction, Fraction]:
         """Exact epsilon committed so far by (the tracker series, the instance series)."""
@@ -101,10 +127,11 @@ class UserLevelStatistic(WeightsStage2, ABC):
         op_state = self.module.init(self.spec) if old.operator is None else self._load(old.operator)
         op_state, rel, min_band = self.advance(op_state, pending or {}, old, noise)
         tracker, instances = self.spent(op_state)
-        fields: dict[str, Any] = {"step": rel.t, **self.values(rel)}
+        own, shown_now = self.values(rel, old.shown)
+        fields: dict[str, Any] = {"step": rel.t, **own}
         fields["epsilon_spent"] = float(tracker + instances)
         spent = {"tracker_epsilon": float(tracker), "instances_epsilon": float(instances)}
-        new = UserLevelState(state_codec.to_json(op_state), spent, min_band).to_json()
+        new = UserLevelState(state_codec.to_json(op_state), spent, min_band, shown_now).to_json()
         if spent == old.spent:
             return Step(new, (fields,))
         # The accountant: what the tracker and instance series have committed so far.
@@ -125,6 +152,37 @@ class UserLevelStatistic(WeightsStage2, ABC):
             "epsilon/2, instance series below epsilon/2; budget entries follow"
         )
         return {**entry, "note": note}
+
+    def accuracy(self, ticks: Sequence[int]) -> Accuracy:
+        """The std of a release at ``ticks`` if its tracked bound is tau~, for tau~ the
+        tracker's start and two larger powers of two: tau~ is chosen privately from the data
+        (never assumed here), and a release's std is proportional to it. Reaching tau~ takes
+        at most log2(tau~ / tau_1) + 1 instances (the bound at least doubles at each), and
+        later instances have less epsilon, so the std is at most the one given."""
+        start = svt.tau_start(self._tracker())
+        rows = []
+        for i in range(PLANNED_BOUNDS):
+            tau, instance = start << (3 * i), 3 * i + 1
+            stds = tuple(self.planned_std(t, instance, tau) for t in ticks)
+            which = "instance 1" if instance == 1 else f"at most: instance <= {instance}"
+            rows.append((f"if tau~ = {tau} ({which})", stds))
+        unit = unit_of(self.stat) if self.stat.bins is None else "events per bin"
+        covers = (
+            f"the truncated value: each user's first tau~ {unit} (tau~ is released with it; "
+            "the true value can only be larger)"
+        )
+        return Accuracy(unit, tuple(rows), covers)
+
+    def _tracker(self) -> svt.ContributionTrackerSpec:
+        spec = self.spec
+        if isinstance(spec, deletions.DeletionsSpec):
+            return spec.inserts.tracker
+        if isinstance(spec, distinct_count.DistinctCountSpec):
+            return spec.mechanism.tracker
+        if isinstance(spec, k_selection.KSelectionSpec):
+            return spec.levels[0].tracker
+        tracker: svt.ContributionTrackerSpec = spec.tracker
+        return tracker
 
     def _load(self, data: dict) -> Any:
         return state_codec.from_json(self.state_cls, data)
@@ -160,6 +218,7 @@ def counter_spec(
     options: dict[str, Any] = {
         "practical": stat.practical,
         "practical_instances": stat.practical_instances,
+        "tree": instance_tree(stat),
     }
     multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
     if stat.deletions:
@@ -172,6 +231,29 @@ def counter_spec(
         stat.name, eps, beta, theta, bins=bins, multiplier=multiplier, **options
     )
     return ul, spec, ul.UserLevelState, ul.MECHANISM
+
+
+def instance_tree(stat: StatisticConfig) -> tuple[kary_tree.ChosenTree, int]:
+    """The counter a tau: auto count's, sum's or histogram's instances run: the k-ary tree
+    ``mechanism`` names (resolved: ``registry.resolved``), else Dong-Luo-Yi's binary tree
+    (docs/design.md section 5a: why re-admission into original ticks allows any tree)."""
+    if stat.mechanism in ("kary", "kary_subtract") and stat.k is not None:
+        return (stat.mechanism, stat.k)
+    return ul.BINARY
+
+
+def post_processing(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, Any]:
+    """The fields of a user-level statistic that say how its releases are shown and the
+    tree its instances run: for ``UserLevelStatistic``'s constructor."""
+    return {"noisy": cfg.noise.mode.value == "keyed", "tree": instance_tree(stat)}
+
+
+def shown_bins(
+    bins: Sequence[Any], previous: list[int] | None, floor: int | None, noisy: bool
+) -> list[Shown]:
+    """What each bin's release shows (``fixed_tau.shown``), from what it showed before."""
+    before: Sequence[int | None] = previous or [None] * len(bins)
+    return [shown(p, b, floor, noisy) for p, b in zip(before, bins, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -189,24 +271,42 @@ class UserLevelCount(UserLevelStatistic):
         op_state, rel = advance_streams(self.module, self.spec, op_state, weights, noise)
         return op_state, rel, None
 
-    def values(self, rel: Any) -> dict[str, Any]:
+    def values(
+        self, rel: Any, previous: list[int] | None
+    ) -> tuple[dict[str, Any], list[int] | None]:
         inserts = rel.inserts if self.stat.deletions else rel
         out = series_fields(inserts, rel.deletes if self.stat.deletions else None)
         (only,) = rel.bins
-        out["value"] = only.value
+        (seen,) = shown_bins(rel.bins, previous, least_value(self.stat), self.noisy)
+        out["value"] = seen.value
         out["std"] = only.std
-        out["interval"] = interval(only.value, only.ci95)
-        return out
+        out["interval"] = list(seen.interval)
+        out["unbiased"] = only.value
+        return out, [seen.value]
+
+    def planned_std(self, t: int, instance: int, tau: int) -> float | None:
+        if isinstance(self.spec, deletions.DeletionsSpec):
+            return deletions.release_std(self.spec, t, instance, tau)
+        return ul.release_std(self.spec, t, instance, tau)
 
 
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> UserLevelCount:
     """A tau: auto count or sum (Dong-Luo-Yi Alg. 5, Sec. VI with deletions)."""
-    return UserLevelCount(stat, *counter_spec(stat, cfg, bins=1))
+    return UserLevelCount(stat, *counter_spec(stat, cfg, bins=1), **post_processing(stat, cfg))
 
 
 def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
-    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions."""
-    return {"algorithm": {"mechanism": make_statistic(stat, cfg).mechanism, "versions": versions()}}
+    """What runs ``stat``, for its fingerprint: the mechanism and its algorithms' versions
+    (``algorithm``)."""
+    return {"algorithm": algorithm(make_statistic(stat, cfg))}
+
+
+def algorithm(statistic: UserLevelStatistic) -> dict[str, object]:
+    """A tau: auto statistic's algorithm: its mechanism and versions, with the k-ary tree's
+    version when its instances run one (on the binary tree it is what it always was, so
+    such a statistic's fingerprint is unchanged)."""
+    extra = {} if statistic.tree in (None, ul.BINARY) else {"kary_tree": kary_tree.VERSION}
+    return {"mechanism": statistic.mechanism, "versions": {**versions(), **extra}}
 
 
 def versions() -> dict[str, int]:

@@ -10,6 +10,7 @@ count: every number in the release is noised.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -21,9 +22,13 @@ from dpstream.operators.noise import NoiseSource, interval, snapping
 from dpstream.operators.trees import tree_counter
 
 from .bounding import UnitBounding
-from .contract import Step, WeightsStage2, own_caps
+from .contract import MEAN_COVERS, Accuracy, Step, WeightsStage2, own_caps
 from .events import Event
+from .releases import WholeUserMeanFields
 from .weights import MEAN_SAMPLES, MEAN_UNITS
+
+RELEASE_FIELDS = WholeUserMeanFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,8 @@ class WholeUserMeanStatistic(WeightsStage2):
     mechanism: str = wum.MECHANISM
     neighbours: str | None = None
     lifetime_steps: int | None = None
+    tree: tuple[str, int] = ("binary", 2)  # both counters
+    interval_of: str = "clipped"
 
     def step(self, state_json: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         spec, weights = self.spec, pending or {}
@@ -89,6 +96,10 @@ class WholeUserMeanStatistic(WeightsStage2):
             "bounds": [float(spec.lower), float(spec.upper)],
         }
         return Step(state_codec.to_json(state), (fields,))
+
+    def accuracy(self, ticks: Sequence[int]) -> Accuracy:
+        """Nothing planned: a mean's std depends on how many samples it covers (data)."""
+        return Accuracy("value", (), MEAN_COVERS)
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
         spec = self.spec

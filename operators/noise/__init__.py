@@ -11,13 +11,25 @@ public grid.
 * ``bits``: exactly fair bits from the signs of keyed draws (the exponential mechanism's
   and the private median's randomness).
 * ``release``: a release ``exact + sum of keyed node noises`` with its std and interval.
+* ``post_processing``: what is shown of a release, at no privacy cost: raised to the
+  least value the statistic can take, and moving at a tick only as far as that tick's
+  release requires.
 * ``snapping``: real values as integer units of a public grid (no floating-point noise).
 
 *May import:* the top-level ``errors`` and ``_validate`` only: every other family builds
 on this one.
 """
 
-from . import bits, discrete_gaussian, discrete_laplace, exact_quantile, release, snapping, sources
+from . import (
+    bits,
+    discrete_gaussian,
+    discrete_laplace,
+    exact_quantile,
+    post_processing,
+    release,
+    snapping,
+    sources,
+)
 from .bits import BIT_SCALE, MAX_ZERO_RUN, DegenerateNoise, NoiseBits, bernoulli_exp, uniform_below
 from .discrete_gaussian import sample_discrete_gaussian
 from .discrete_laplace import (
@@ -30,6 +42,7 @@ from .discrete_laplace import (
     sample_discrete_laplace,
 )
 from .exact_quantile import exact_half_width
+from .post_processing import Shown, floored_interval, settle
 from .release import Term, TreeRelease, interval, noise_std, noisy_release, ratio_bounds
 from .snapping import Grid, clip_to_grid, from_units, make_grid, to_units, unit_sensitivity
 from .sources import (
@@ -56,6 +69,7 @@ __all__ = [
     "RecordingNoise",
     "ScopedNoise",
     "SeededNoise",
+    "Shown",
     "Term",
     "TreeRelease",
     "ZeroNoise",
@@ -68,6 +82,7 @@ __all__ = [
     "discrete_laplace_variance",
     "exact_half_width",
     "exact_quantile",
+    "floored_interval",
     "from_units",
     "interval",
     "laplace_variance",
@@ -75,10 +90,12 @@ __all__ = [
     "node_bytes",
     "noise_std",
     "noisy_release",
+    "post_processing",
     "ratio_bounds",
     "release",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",
+    "settle",
     "snapping",
     "sources",
     "to_units",

@@ -104,7 +104,7 @@ from fractions import Fraction
 import numpy as np
 
 from .. import _validate
-from ..noise import NodeId, NoiseSource, Term, TreeRelease, noisy_release
+from ..noise import NodeId, NoiseSource, Term, TreeRelease, noise_std, noisy_release
 from ..trees import kary_tree
 from ..trees.tree_counter import period_of
 from .svt import (
@@ -687,6 +687,12 @@ def release_terms(spec: UserLevelSpec, t: int, instance: int, tau: int, r: int) 
 def release_scales(spec: UserLevelSpec, t: int, instance: int, tau: int) -> list[Fraction]:
     """The scales of the noises every bin's release at t adds in instance j (public)."""
     return [scale for _, scale, _ in noise_terms(spec, t, instance, tau)]
+
+
+def release_std(spec: UserLevelSpec, t: int, instance: int, tau: int) -> float:
+    """Exact std of every bin's release at t in instance j with bound tau~ (public: what
+    ``dpstream check-config`` plans with; the release carries the same number)."""
+    return noise_std(noise_terms(spec, t, instance, tau))
 
 
 def release_bins(

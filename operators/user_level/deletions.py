@@ -41,6 +41,7 @@ from fractions import Fraction
 from .. import _validate
 from ..errors import InvalidOperatorConfig
 from ..noise import NoiseSource, TreeRelease, exact_half_width
+from ..trees import kary_tree
 from . import counter as ul
 
 # In every statistic's fingerprint: raise it when the same input and noise would release
@@ -126,6 +127,7 @@ def make_deletions(
     practical: bool = False,
     practical_instances: bool = False,
     forced_schedule: Sequence[tuple[int, int]] = (),
+    tree: tuple[kary_tree.ChosenTree, int] = ul.BINARY,
 ) -> DeletionsSpec:
     """Validate and build a DeletionsSpec.
 
@@ -140,6 +142,7 @@ def make_deletions(
         practical: App. C-A tracker on both sides.
         practical_instances: shifted instance series on both sides.
         forced_schedule: TEST HOOK forcing tau~ on both sides (not private).
+        tree: the counter both sides' instances run (``counter.make_user_level``).
 
     Returns:
         The spec.
@@ -179,6 +182,7 @@ def make_deletions(
             practical=practical,
             practical_instances=practical_instances,
             forced_schedule=forced_schedule,
+            tree=tree,
         )
         for side in ("ins", "del")
     )
@@ -266,6 +270,15 @@ def step(
         del_periods=del_state.periods,
     )
     return new_state, DeletionsRelease(t=t, bins=bins, inserts=ins, deletes=dele)
+
+
+def release_std(spec: DeletionsSpec, t: int, instance: int, tau: int) -> float:
+    """Exact std of every bin's F~_ins - F~_del at t when both sides run instance j with
+    bound tau~ (public: what ``dpstream check-config`` plans with): the sides' noises are
+    independent, so their variances add."""
+    ins = ul.release_std(spec.inserts, t, instance, tau)
+    dele = ul.release_std(spec.deletes, t, instance, tau)
+    return math.sqrt(ins**2 + dele**2)
 
 
 def exact_values(spec: DeletionsSpec, state: DeletionsState) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -175,7 +176,8 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from dpstream.statistics.registry import describe
+    from dpstream.statistics.accuracy import plan_lines
+    from dpstream.statistics.registry import default_tree, describe
 
     cfg = load_config(args.file)
     statement = cfg.privacy_statement()
@@ -189,8 +191,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"end), noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
-        print(f"  {s.name}: {describe(s, cfg)} -> {cfg.release_topic(s.name)}")
+        # An unnamed mechanism: a new statistic's default; one the ledger ran keeps its tree.
+        new_tree = s.mechanism is None and default_tree(s)[0] != "binary"
+        default = " (default for a new statistic; one that ran keeps its tree)" if new_tree else ""
+        print(f"  {s.name}: {describe(s, cfg)}{default} -> {cfg.release_topic(s.name)}")
     for line in live or statement.describe():
+        print(f"  {line}")
+    for line in plan_lines(cfg):
         print(f"  {line}")
     return 0
 
@@ -211,15 +218,34 @@ def _format_line(cfg: PipelineConfig) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    return run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
+    endpoint = metrics_endpoint(cfg, args.metrics_port, args.no_metrics)
+    return run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest, endpoint)
+
+
+def metrics_endpoint(
+    cfg: PipelineConfig, port: int | None, off: bool = False
+) -> tuple[str, int] | None:
+    """Where the worker serves its metrics and probes, (host, port), or None: the config's
+    ``metrics:`` section, turned on at ``port`` by ``--metrics-port``, off by
+    ``--no-metrics``."""
+    if off or (port is None and not cfg.metrics.enabled):
+        return None
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port: must be a port number (0-65535), got {port}")
+    return cfg.metrics.host, cfg.metrics.port if port is None else port
 
 
 def run_worker(
-    cfg: PipelineConfig, bootstrap: str, loglevel: str = "info", ingest: str = INGEST_DEFAULT
+    cfg: PipelineConfig,
+    bootstrap: str,
+    loglevel: str = "info",
+    ingest: str = INGEST_DEFAULT,
+    endpoint: tuple[str, int] | None = None,
 ) -> int:
-    """Run a worker until it is stopped; its exit status: 0 when it stopped cleanly,
-    ``EXIT_STOPPED_UNFLUSHED`` when its ingest could not flush (the stop bound itself
-    ends the process with that status: ``lifecycle.Worker``)."""
+    """A worker of ``cfg`` until it is stopped, with its metrics and probes served on
+    ``endpoint`` (host, port; None: not served). Its exit status: 0 when it stopped
+    cleanly, ``EXIT_STOPPED_UNFLUSHED`` when its ingest could not flush (the stop bound
+    itself ends the process with that status: ``lifecycle.Worker``)."""
     from ..ingest.consumer import IngestHandle
     from ..kafka.security import check_connection
     from ..kafka.topics import (
@@ -233,14 +259,21 @@ def run_worker(
     from ..worker.app import create_app
     from ..worker.exits import EXIT_STOPPED_UNFLUSHED
     from ..worker.keys import load_key
-    from ..worker.ledger import record_statement
+    from ..worker.ledger import record_statement, resolved_config
     from ..worker.lifecycle import Worker
+    from ..worker.metrics import WorkerMetrics
+    from ..worker.operations import Operations, bind
 
     key = load_key(cfg)  # before anything else: no key, no start
+    # A port already taken stops the worker here, before it writes anything.
+    server = None if endpoint is None else bind(*endpoint)
     # A refused password or certificate stops here, with one message naming the setting.
     brokers = check_connection(cfg.kafka, bootstrap)
     check_source_topics(cfg, bootstrap)  # never created: a missing one stops here
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
+    # A statistic that names no mechanism runs the tree the ledger says it ran, or if it is
+    # new the default tree (registry.resolved): before anything is built from the config.
+    cfg = resolved_config(cfg, bootstrap, key)
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
     lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
@@ -251,15 +284,24 @@ def run_worker(
     adopt_former_worker_offsets(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
+    operations = None
     status: object = 0
     try:
         replicas, _ = replication(brokers)
-        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
+        metrics = WorkerMetrics(cfg, plan.statement)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas, metrics)
         worker = Worker(app, ingest=handle, loglevel=loglevel, quiet=True, override_logging=True)
+        if server is not None:
+            operations = Operations(cfg, app, metrics, handle)
+            operations.start(worker.loop, server)
         worker.execute_from_commandline()
     except SystemExit as exc:  # how Faust's worker ends, 0 after a clean stop
         status = exc.code
     finally:
+        if operations is not None:
+            operations.stop()
+        elif server is not None:
+            server.server_close()
         ingest_clean = handle is None or handle.stop()
     if status in (0, None) and not ingest_clean:
         return EXIT_STOPPED_UNFLUSHED
@@ -364,65 +406,52 @@ def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    from dpstream.client import releases
+
     cfg = load_config(args.config)
-    bootstrap = connected(cfg, args.bootstrap)
-    if not args.follow:
-        return _tail_to_end(cfg, bootstrap, args)
-    return _follow(cfg, bootstrap, args)
-
-
-def _tail_to_end(cfg: PipelineConfig, bootstrap: str, args: argparse.Namespace) -> int:
-    """``tail`` without ``--follow``: the releases up to the topic's end as it is now (every
-    one with ``--from-beginning``, else the latest), then exit."""
-    from confluent_kafka import KafkaException
-
-    from ..kafka.clients import read_topic
-    from ..kafka.topics import group_id
-
-    topic = cfg.release_topic(args.statistic)
-    group = group_id(cfg.app_id, f"tail-{args.statistic}")
-    try:
-        records = read_topic(bootstrap, topic, 1, security=cfg.kafka, group=group).get(0, [])
-    except KafkaException as exc:
-        raise DpStreamError(f"tail: cannot read {topic}: {exc.args[0].str()}") from None
-    values = [value for _, _, value, _ in records if value is not None]
-    for value in (values if args.from_beginning else values[-1:])[: args.max]:
-        sys.stdout.write(value.decode() + "\n")
-    return 0
-
-
-def _follow(cfg: PipelineConfig, bootstrap: str, args: argparse.Namespace) -> int:
-    """``tail --follow``: print releases as they come, until Ctrl-C, ``--max`` or
-    ``--timeout``."""
-    from ..kafka.clients import read_releases
-    from ..kafka.topics import group_id
-
-    consumer = read_releases(
-        bootstrap,
-        cfg.release_topic(args.statistic),
-        group=group_id(cfg.app_id, f"tail-{args.statistic}"),
-        from_beginning=args.from_beginning,
-        security=cfg.kafka,
+    stop = threading.Event()
+    timer = threading.Timer(args.timeout, stop.set) if args.timeout else None
+    # Without --follow: to the end of the topic as it is now, every release with
+    # --from-beginning, else the latest one.
+    latest_only = not args.follow and not args.from_beginning
+    read = releases(
+        args.statistic,
+        connected(cfg, args.bootstrap),
+        cfg,
+        from_beginning=args.from_beginning or latest_only,
+        follow=args.follow,
+        stop=stop,
     )
-    seen = 0
-    deadline = time.monotonic() + args.timeout if args.timeout else None
+    seen, latest = 0, None
     try:
-        while (args.max is None or seen < args.max) and (
-            deadline is None or time.monotonic() < deadline
-        ):
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
+        if timer:
+            timer.start()
+        for release in read:
+            line = orjson.dumps(dict(release.fields)).decode() + "\n"
+            if latest_only:
+                latest = line
                 continue
-            value = msg.value()
-            if value is None:  # no release in a record without a value
-                continue
-            sys.stdout.write(value.decode() + "\n")
+            sys.stdout.write(line)
             sys.stdout.flush()
             seen += 1
+            if args.max is not None and seen >= args.max:
+                break
     except KeyboardInterrupt:
         pass
     finally:
-        consumer.close()
+        read.close()
+        if timer:
+            timer.cancel()
+    if latest is not None and args.max != 0:
+        sys.stdout.write(latest)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard import serve
+
+    cfg = load_config(args.config)
+    serve(cfg, connected(cfg, args.bootstrap), args.host, args.port)
     return 0
 
 
@@ -459,12 +488,13 @@ def cmd_export_log(args: argparse.Namespace) -> int:
 
 def cmd_ledger(args: argparse.Namespace) -> int:
     from ..worker.keys import load_key
-    from ..worker.ledger import record_statement
+    from ..worker.ledger import record_statement, resolved_config
     from .ledger_view import ledger_report
 
     cfg = load_config(args.config)
     bootstrap = connected(cfg, args.bootstrap)
     key = load_key(cfg)
+    cfg = resolved_config(cfg, bootstrap, key)
     if args.charge_again:
         adopted = record_statement(cfg, bootstrap, key, charge_again=args.charge_again)
         for name in args.charge_again:
@@ -548,6 +578,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=INGEST_DEFAULT,
         help="where this worker's ingest runs (off: run `dpstream ingest` elsewhere)",
     )
+    endpoint = p.add_mutually_exclusive_group()
+    endpoint.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics, /livez and /readyz on this port (overrides metrics.port and "
+        "turns them on; 0: any free port)",
+    )
+    endpoint.add_argument(
+        "--no-metrics", action="store_true", help="do not serve them, whatever metrics: says"
+    )
     p.set_defaults(func=cmd_worker)
 
     p = with_config(sub.add_parser("ingest", help="run only an ingest (source -> events topic)"))
@@ -592,6 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max", type=int, help="print at most this many releases")
     p.add_argument("--timeout", type=float, help="with --follow: stop after this many seconds")
     p.set_defaults(func=cmd_tail)
+
+    p = with_config(
+        sub.add_parser("dashboard", help="a live web page of the releases, budget and lag")
+    )
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=int, default=8050, help="the port (0: any free one)")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
     p.add_argument("--config", required=True)

@@ -104,7 +104,7 @@ def log_header(cfg: PipelineConfig, bootstrap: str, key: PipelineKey | None) -> 
     history = history_of(cfg, read_records(cfg, bootstrap), key)
     runs, _, _ = runs_of(history.statements)
     commitment = history.statements[-1].get("key_commitment") if history.statements else None
-    stated = {}
+    stated, ran = {}, {}
     for stat in cfg.statistics:
         run = runs.get(stat.name)
         if run is not None:
@@ -113,4 +113,8 @@ def log_header(cfg: PipelineConfig, bootstrap: str, key: PipelineKey | None) -> 
                 "key_commitment": commitment,
                 "start_tick": history.starts.get((stat.name, run.run_id)),
             }
-    return {LOG_HEADER: 1, "app_id": cfg.app_id, "runs": stated}
+            recorded = run.parameters.get("statistic", {})
+            ran[stat.name] = {"mechanism": recorded.get("mechanism"), "k": recorded.get("k")}
+    # "mechanisms": the tree each ran, so replay runs a statistic that names none as the
+    # pipeline did (registry.with_mechanisms).
+    return {LOG_HEADER: 1, "app_id": cfg.app_id, "runs": stated, "mechanisms": ran}

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.statistics.registry import with_mechanisms
 
 from ..kafka.security import check_connection
 from ..kafka.topics import admin, changelog_topics, check_ledger_topic, check_source_topics
@@ -27,6 +28,7 @@ from ..worker.ledger import (
     cross_pipeline,
     history_of,
     plan,
+    ran_statistics,
     read_records,
     read_timed_records,
     refuse_lost_state,
@@ -62,6 +64,8 @@ def live_check(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> li
     if ledger in existing:
         check_ledger_topic(client, ledger, timeout)
         history = history_of(cfg, read_records(cfg, bootstrap, timeout), key)
+    # A statistic that names no mechanism: the tree it ran, or a new one's default.
+    cfg = with_mechanisms(cfg, ran_statistics(history))
     chosen = plan(cfg, history, key)
     refuse_lost_state(cfg, chosen, [t for t in changelog_topics(cfg) if t not in existing])
     known = f"{len(history.statements)} statement(s) of app_id {cfg.app_id!r}"
@@ -75,7 +79,7 @@ def ledger_report(cfg: PipelineConfig, bootstrap: str, key: PipelineKey) -> list
     """``dpstream ledger``: every statement of this app (when, what each statistic was
     charged, the total), what each statistic spent over its runs, and what is left of
     ``privacy.total_epsilon``; then what this config would start under, or why a worker
-    would refuse it.
+    would refuse it (``cfg`` with its mechanisms resolved: ``ledger.resolved_config``).
 
     Raises:
         LedgerRefused: a record of this app under another key, or forged.

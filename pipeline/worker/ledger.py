@@ -39,8 +39,10 @@ from confluent_kafka import KafkaException
 
 from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
+from dpstream.statistics import releases
 from dpstream.statistics.identity import identity_parameters
-from dpstream.statistics.releases import LEDGER_SCHEMA_VERSION
+from dpstream.statistics.registry import with_mechanisms
+from dpstream.statistics.releases import RunIdentity
 
 from ..kafka.clients import make_producer, read_topic, tools_group
 from ..stages.stage2_state import StatisticRun
@@ -214,6 +216,14 @@ def runs_of(
     return runs, retired, replaced
 
 
+def ran_statistics(history: History) -> dict[str, dict[str, Any]]:
+    """Each statistic's parameters as the ledger recorded them for its current run (its
+    ``identity_parameters``'s ``statistic``): what ``registry.with_mechanisms`` keeps a
+    statistic that names no mechanism running on (the tree it ran, not a new default)."""
+    runs, _, _ = runs_of(history.statements)
+    return {name: run.parameters.get("statistic", {}) for name, run in runs.items()}
+
+
 def _charge(obj: Mapping[str, Any], run_id: str) -> accounting.Charge:
     return accounting.Charge.from_json({**obj, "run_id": run_id})
 
@@ -322,7 +332,7 @@ def _field(index: int, changed: list[str]) -> str:
 def statement_entry(cfg: PipelineConfig, plan: Plan, key: PipelineKey) -> dict[str, Any]:
     """The ledger record of a worker start, signed: the statement, each statistic's
     identity and run, the runs begun anew, the sources and the privacy unit."""
-    identities = {}
+    identities: dict[str, RunIdentity] = {}
     for stat in cfg.statistics:
         params = identity_parameters(stat, cfg)
         identities[stat.name] = {
@@ -330,15 +340,7 @@ def statement_entry(cfg: PipelineConfig, plan: Plan, key: PipelineKey) -> dict[s
             "parameters": params,
             "run_id": plan.runs[stat.name].run_id,
         }
-    entry = {
-        "schema_version": LEDGER_SCHEMA_VERSION,
-        "event": "statement",
-        **plan.statement.to_json(),
-        "identities": identities,
-        "new_runs": list(plan.new_runs),
-        "sources": sorted(cfg.input.topics),
-        "user_id_field": cfg.input.user_id_field,
-    }
+    entry = releases.statement_entry(cfg, plan.statement, identities, plan.new_runs)
     return signed(entry, cfg, key)
 
 
@@ -451,6 +453,12 @@ def adopt(cfg: PipelineConfig, history: History, chosen: Plan) -> Plan:
         start = history.starts.get((stat.name, settled.run_id), mine.start_tick)
         out[stat.name] = StatisticRun(settled.run_id, mine.key_commitment, start, mine.replaces)
     return Plan(chosen.statement, out, chosen.new_runs)
+
+
+def resolved_config(cfg: PipelineConfig, bootstrap: str, key: PipelineKey) -> PipelineConfig:
+    """``cfg`` with each unnamed mechanism resolved against the ledger: the tree a
+    statistic ran, or a new statistic's default (``registry.with_mechanisms``)."""
+    return with_mechanisms(cfg, ran_statistics(history_of(cfg, read_records(cfg, bootstrap), key)))
 
 
 def refuse_lost_state(cfg: PipelineConfig, chosen: Plan, lost: Iterable[str]) -> None:

@@ -74,10 +74,12 @@ from tests.config_builders import MINIMAL, minimal
         (
             {
                 "statistics__0__tau": "auto",
-                "statistics__0__mechanism": "kary",
-                "statistics__0__k": 4,
+                "statistics__0__mechanism": "expiring",
+                "statistics__0__lambda": 1,
+                "statistics__0__horizon_ticks": 100,
             },
-            "statistics[0].mechanism: tau: auto runs Dong-Luo-Yi's binary tree",
+            "statistics[0].mechanism: tau: auto runs kind count's instances on binary or kary "
+            "or kary_subtract",
         ),
         (
             {

@@ -102,8 +102,11 @@ def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
         for rel in releases:
             assert rel["value"] == truth[name].get(rel["tick"], 0), (name, rel["tick"])
             assert rel["insecure"] == "insecure_zero"
-            assert rel["interval"][0] < rel["value"] < rel["interval"][1]
-            assert rel["std"] > 0 and rel["schema_version"] == 3
+            # The interval around the exact count, raised to 0 (design.md section 5c).
+            low, high = rel["interval"]
+            assert low < rel["value"] < high or low == rel["value"] == 0 < high
+            assert rel["value"] == rel["unbiased"] and rel["interval_of"] == "truncated"
+            assert rel["std"] > 0 and rel["schema_version"] == 4
             assert rel["epsilon"] == next(s.epsilon for s in cfg.statistics if s.name == name)
         # Truncation did bite: heavy users sent more than tau.
         true_total = sum(1 for x in zero_noise_run["log"] if b'"user_id"' in x)
@@ -143,8 +146,9 @@ def test_ledger_records_each_statistic_once(zero_noise_run):
         ledger[name]["fingerprint"] == statement["identities"][name]["fingerprint"]
         for name in ledger
     )
+    # views names no mechanism: a new statistic without a horizon runs the default tree.
     assert [ledger[n]["mechanism"] for n in ("views", "clicks", "views4", "clicks_exp")] == [
-        "binary_tree",
+        "kary_tree_subtract",
         "kary_tree_subtract",
         "kary_tree",
         "expiring_tree",

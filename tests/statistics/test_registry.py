@@ -13,19 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.config.schema import KINDS, Kind, parse_config
+from dpstream.config.schema import KINDS, Kind, Mechanism, parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.statistics import registry
 from dpstream.statistics.bounding import UnitBounding
 from dpstream.statistics.contract import PerUserStatistic, Report, StatisticBase, Step
+from dpstream.statistics.identity import identity_parameters
 from dpstream.statistics.registry import (
     KIND_FUNCTIONS,
     REGISTRY,
     check_registry,
+    default_tree,
     describe,
     identity,
     statistic_for,
 )
+from dpstream.statistics.releases import INTERVAL_OF
+
+MECHANISMS = typing.get_args(Mechanism)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +129,14 @@ def test_every_implementation_satisfies_the_contract(stat, privacy):
     assert impl.neighbours is None or isinstance(impl.neighbours, str)
     assert impl.lifetime_steps is None or impl.lifetime_steps > 0
     stage2 = _methods(StatisticBase)
-    assert stage2 == {"parts", "merge", "step", "ledger_start"}
+    assert stage2 == {"parts", "merge", "step", "ledger_start", "accuracy"}
+    # What every release states of its interval and its tree (releases.py).
+    assert impl.interval_of in INTERVAL_OF
+    assert impl.tree is None or (impl.tree[0] in MECHANISMS and impl.tree[1] >= 2)
+    ticks = (10, 1000)
+    plan = impl.accuracy(ticks)
+    assert plan.unit and plan.covers
+    assert all(len(stds) == len(ticks) for _, stds in plan.rows)
     assert {"counts", "apply", "redo", "close_tick", "scan_order"} == PER_USER
     assert all(callable(getattr(impl, m, None)) for m in stage2), impl
     if impl.bounding is None:  # per-user state: stage 1 is the statistic's own methods
@@ -171,3 +183,36 @@ def test_only_config_validation_and_the_registry_compare_kind_names():
             if path not in allowed:
                 assert kind_comparisons(path.read_text()) == [], path
     assert kind_comparisons('if stat.kind in ("count", "sum"): pass') == [1]
+
+
+@pytest.mark.parametrize(
+    ("stat", "tree"),
+    [
+        ({"tau": 8}, ("kary_subtract", 13)),  # a fixed-tau count without a horizon
+        ({"kind": "sum", "tau": 2, "max_value": 9}, ("kary_subtract", 13)),
+        ({"tau": 8, "horizon_ticks": 1000}, ("binary", None)),  # names auto to choose
+        ({"tau": "auto"}, ("kary_subtract", 13)),  # tau: auto's instances
+        ({"kind": "histogram", "tau": "auto", "bins": 4}, ("kary_subtract", 13)),
+        ({"tau": "auto", "deletions": True}, ("kary_subtract", 13)),
+        ({"kind": "distinct", "tau": "auto"}, ("binary", None)),  # runs the binary tree only
+        ({"kind": "kselect", "tau": "auto", "bins": 4, "rank": 1}, ("binary", None)),
+        ({"kind": "mean", "mean": {"max_samples_per_user": 4}}, ("binary", None)),
+    ],
+)
+def test_a_new_statistic_that_names_no_mechanism_gets_the_default_tree(stat, tree):
+    cfg = config(stat, {})
+    assert cfg.statistics[0].mechanism is None
+    assert default_tree(cfg.statistics[0]) == tree
+    # The identity records that tree as if it were named (so one that ran before the
+    # default changed, which recorded "binary", is recognised: tests/pipeline/worker).
+    recorded = identity_parameters(cfg.statistics[0], cfg)["statistic"]
+    assert (recorded["mechanism"], recorded["k"]) == tree
+    if "mean" in stat:
+        return  # a mean names no mechanism (its own), and recorded binary before too
+    named = config({**stat, "mechanism": tree[0], **({"k": tree[1]} if tree[1] else {})}, {})
+    assert identity_parameters(cfg.statistics[0], cfg) == identity_parameters(
+        named.statistics[0], named
+    )
+    assert statistic_for(cfg.statistics[0], cfg).mechanism == (
+        statistic_for(named.statistics[0], named).mechanism
+    )

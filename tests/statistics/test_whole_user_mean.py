@@ -105,7 +105,7 @@ def test_zero_noise_releases_both_sums_exactly():
         assert release["samples"] == c == count["value"]  # the same kept events
         # value = lower + (upper - lower) S / (R C): the same rational, rounded once.
         assert release["value"] == (float(Fraction(s, c) * 100 / R) if c else None)
-        assert release["schema_version"] == SCHEMA_VERSION == 3
+        assert release["schema_version"] == SCHEMA_VERSION == 4
         assert release["mechanism"] == "whole_user_mean" and release["insecure"]
 
 
@@ -124,6 +124,7 @@ RELEASED = {
     "schema_version", "statistic", "kind", "tick", "tick_end", "tick_end_unix", "step",
     "value", "std", "interval", "samples", "samples_std", "samples_interval",
     "max_samples_per_user", "bounds", "confidence", "epsilon", "neighbours", "mechanism",
+    "tree", "interval_of", "accounting", "noise",
 }  # fmt: skip
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
@@ -43,6 +44,10 @@ def test_check_config_accepts_the_demo_and_prints_the_budget():
         "one user can lose at most 3 over the whole stream (basic composition) of "
         "total_epsilon=3" in out.stdout
     )
+    # The accuracy plan (statistics.accuracy): each statistic's std, what its interval covers.
+    assert "accuracy plan (std of a release at tick t" in out.stdout
+    assert "events: binary_tree, tree binary k=2, pure_dp, noise discrete_laplace" in out.stdout
+    assert "std in events release: 76.7, 336.6, 643.0  (t=10, t=1,000, t=100,000)" in out.stdout
 
 
 def test_bad_config_stops_with_the_field_named(tmp_path):
@@ -176,3 +181,26 @@ def test_produce_refuses_what_it_cannot_write(tmp_path):
         out = run("produce", "--config", path, "--bootstrap", "127.0.0.1:1",
                   "--synthetic-users", "2", "--count", "1", *flags)  # fmt: skip
         assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_metrics_endpoint_from_the_config_and_the_flags():
+    from dpstream.config.schema import ConfigError, parse_config
+    from dpstream.pipeline.tools.cli import build_parser, metrics_endpoint
+
+    base = {"privacy": {"total_epsilon": 1.0}, "statistics": [{"name": "n", "epsilon": 1.0}]}
+    off = parse_config(base)
+    on = parse_config({**base, "metrics": {"enabled": True, "host": "0.0.0.0", "port": 9000}})
+    assert metrics_endpoint(off, None) is None  # off by default
+    assert metrics_endpoint(on, None) == ("0.0.0.0", 9000)
+    # --metrics-port turns it on and overrides the port (several workers on one host).
+    assert metrics_endpoint(off, 9465) == ("127.0.0.1", 9465)
+    assert metrics_endpoint(on, 9465) == ("0.0.0.0", 9465)
+    assert metrics_endpoint(on, None, off=True) is None
+    with pytest.raises(ConfigError, match="--metrics-port"):
+        metrics_endpoint(off, 70000)
+    args = build_parser().parse_args(["worker", "--config", "c.yaml", "--metrics-port", "9470"])
+    assert (args.metrics_port, args.no_metrics) == (9470, False)
+    with pytest.raises(SystemExit):  # one or the other
+        build_parser().parse_args(
+            ["worker", "--config", "c", "--metrics-port", "1", "--no-metrics"]
+        )

@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from dpstream.config.schema import parse_config
+from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline.stages.stage2_state import StatisticRun
 from dpstream.pipeline.tools.export import LOG_MAC
 from dpstream.pipeline.tools.replay import LogNotVerified, replay, replay_file
@@ -68,3 +69,18 @@ def test_zero_noise_replays_anything(tmp_path):
     cfg = parse_config(production(noise={"mode": "insecure_zero"}))
     (line,) = replay_file(cfg, write(tmp_path, EVENTS), PipelineKey.insecure_zero())
     assert orjson.loads(line)["value"] == 7  # seven events of three users, tau 8
+
+
+def test_replay_runs_a_statistic_that_names_no_mechanism_on_the_tree_the_pipeline_ran():
+    # The exported log's header says which tree each statistic ran (export.log_header):
+    # one that ran before the default changed replays on the binary tree; a log without
+    # a header (or a statistic it does not name) on a new statistic's default.
+    cfg = parse_config({**production(), "noise": {"mode": "insecure_zero"}})
+    assert cfg.statistics[0].mechanism is None
+    ran = {"events": {"mechanism": "binary", "k": None}}
+    header = orjson.dumps({LOG_HEADER: 1, "app_id": cfg.app_id, "runs": {}, "mechanisms": ran})
+    old = list(replay(cfg, [header, *EVENTS], ZeroNoise()))
+    new = list(replay(cfg, EVENTS, ZeroNoise()))
+    assert [r["tree"] for r in old] == [{"name": "binary", "k": 2}]
+    assert [r["tree"] for r in new] == [{"name": "kary_subtract", "k": 13}]
+    assert old[0]["value"] == new[0]["value"] == 7  # the same exact count either way

@@ -19,10 +19,12 @@ from dpstream.pipeline.worker.ledger import (
     cross_pipeline,
     history_of,
     plan,
+    ran_statistics,
     refuse_lost_state,
     runs_of,
     statement_entry,
 )
+from dpstream.statistics.registry import statistic_for, with_mechanisms
 from tests.config_builders import production
 
 KEY = PipelineKey.from_key(hashlib.sha256(b"the ledger tests' key").digest())
@@ -78,6 +80,42 @@ def test_the_identity_names_the_resolved_tree_and_the_algorithms_versions():
         "expiring_tree": 1,
     }
     assert entry["identities"]["events"]["parameters"]["noise_sampler"] == 1
+
+
+@pytest.mark.parametrize("tau", [8, "auto"])
+def test_a_statistic_that_names_no_mechanism_keeps_the_tree_it_ran_a_new_one_gets_the_default(
+    tau,
+):
+    # Before the default changed, a statistic that named no mechanism recorded "binary"
+    # (the schema's default then): its parameters are those of mechanism: binary now.
+    before = production(tau=tau)
+    before["statistics"][0]["mechanism"] = "binary"
+    history, entry = started(before)
+    cfg = parse_config(production(tau=tau))
+    assert cfg.statistics[0].mechanism is None and cfg.statistics[0].horizon_ticks is None
+    # Taken as new it would run the new default tree: another statistic, refused by name.
+    with pytest.raises(ConfigError, match=r"statistic\.mechanism"):
+        plan(cfg, history, KEY)
+    # Resolved against the ledger (as the worker does): the same fingerprint, the same run,
+    # the binary tree it ran.
+    kept = with_mechanisms(cfg, ran_statistics(history))
+    assert (
+        plan(kept, history, KEY).runs["events"].run_id == (entry["identities"]["events"]["run_id"])
+    )
+    assert statistic_for(kept.statistics[0], kept).tree == ("binary", 2)
+    # A pipeline the ledger has never seen: the least-error tree for an unbounded stream,
+    # recorded as resolved, so its later starts keep it.
+    fresh = with_mechanisms(cfg, ran_statistics(History()))
+    assert statistic_for(fresh.statistics[0], fresh).tree == ("kary_subtract", 13)
+    history, entry = started(production(tau=tau))
+    assert entry["identities"]["events"]["parameters"]["statistic"]["mechanism"] == (
+        "kary_subtract"
+    )
+    again = with_mechanisms(cfg, ran_statistics(history))
+    assert statistic_for(again.statistics[0], again).tree == ("kary_subtract", 13)
+    assert (
+        plan(again, history, KEY).runs["events"].run_id == (entry["identities"]["events"]["run_id"])
+    )
 
 
 def test_a_renamed_statistic_is_new_and_the_old_one_stays_charged():
