@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from dpstream.testing import unique_names
 from tests.integration.support import WorkerProcess, readers, wait_until
@@ -109,6 +110,7 @@ def start_worker(
     config_path.write_text(yaml.safe_dump(data))
     log_path = tmp_path / f"{cfg.app_id}-{time.monotonic_ns()}.log"
     command = ("worker", "--metrics-port", str(port))
+    create_source_topics(cfg, bootstrap)  # as the users' producer setup would
     proc = spawn_worker(config_path, bootstrap, log_path, command=command)
     started.append(WorkerProcess(cfg, config_path, log_path, proc))
     return started[-1]
