@@ -703,7 +703,12 @@ class StatisticConfig(_Model):
     theta: float = Field(1.0, gt=0, le=4)
     practical: bool = True  # tracker starts at tau = 64 with the shifted series (App. C-A)
     practical_instances: bool = False  # the shifted series for the instances too
-    max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R
+    max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R (values in [0, R], tau in units)
+    # sum: real values clipped into [lower, upper] and snapped to a grid of ``resolution``
+    # units over that range (the mean's words); a fixed tau then counts a user's events.
+    lower: float | None = None
+    upper: float | None = None
+    resolution: int | None = Field(None, ge=1, le=1 << 30)
     bins: int | None = Field(None, ge=1, le=4096)  # histogram, kselect: R
     rank: Literal["max", "median"] | int | None = None  # kselect
     # kselect: threshold k + Delta/2 (Dong-Luo-Yi, Appendix C-A) instead of k + Delta.
@@ -773,10 +778,18 @@ class StatisticConfig(_Model):
                 )
         if self.cells is not None:
             self._check_cells(self.cells)
+        self._check_sum_grid()
         for field in ("max_value", "bins"):
             owners = [k for k, p in KINDS.items() if p.values == field]
+            if field == "max_value" and self.upper is not None:
+                continue  # a sum on a grid (_check_sum_grid)
             if params.values == field and getattr(self, field) is None:
-                raise ValueError(f"{field}: required for kind {kind} (values are integers 1..R)")
+                grid = (
+                    " or upper and resolution (real values on a grid)"
+                    if field == "max_value"
+                    else ""
+                )
+                raise ValueError(f"{field}: required for kind {kind} (values 1..R){grid}")
             if params.values != field and getattr(self, field) is not None:
                 raise ValueError(_only(field, owners, kind))
         ranked = _kinds_with(lambda p: p.rank)
@@ -805,6 +818,40 @@ class StatisticConfig(_Model):
             # Distinct count with deletions is open (Dong-Luo-Yi Sec. VI).
             raise ValueError(f"deletions: not supported for kind {kind}")
         return self
+
+    def _check_sum_grid(self) -> None:
+        """``lower``/``upper``/``resolution``: a sum's real values on a grid; with tau:
+        auto never below 0 (Alg. 5 ranks users by non-negative contributions)."""
+        owners = _kinds_with(lambda p: p.values == "max_value")
+        given = [f for f in ("lower", "upper", "resolution") if getattr(self, f) is not None]
+        if not given:
+            return
+        if KINDS[self.kind].values != "max_value":
+            raise ValueError(_only(given[0], owners, self.kind))
+        if self.max_value is not None:
+            raise ValueError(f"{given[0]}: give either max_value or lower/upper/resolution")
+        if self.upper is None:
+            raise ValueError("upper: required with lower or resolution (a sum's values' bound)")
+        if self.resolution is None:
+            raise ValueError(
+                "resolution: required with upper (grid units per (upper - lower): "
+                "20000 for a 0.01 grid over [0, 200])"
+            )
+        lower = self.value_bounds[0]
+        _check_interval(lower, self.upper)
+        if lower < 0 and self.user_level:
+            raise ValueError(
+                "lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by non-negative "
+                "contributions; a negative lower needs a fixed tau"
+            )
+
+    @property
+    def value_bounds(self) -> tuple[float, float]:
+        """A sum's declared value range: [lower (default 0), upper], or [0, max_value]."""
+        if self.upper is not None:
+            return (0.0 if self.lower is None else self.lower), self.upper
+        assert self.max_value is not None
+        return 0.0, float(self.max_value)
 
     def _check_cells(self, cells: CellConfig) -> None:
         if cells.epoch_cap < self.epsilon:

@@ -31,15 +31,23 @@ class Event(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ValueRule:
-    """What a statistic needs of the ``value`` of the events it counts."""
+    """What a statistic needs of the events it counts. An event it selects (by ``key``
+    and op) but cannot use (no value where it needs one, no cell key, a cell key outside
+    the domain) is its rule failure: the statistic skips the event and the others that
+    select it still count it (it is dead-lettered only when none can use it). A value
+    outside ``bounds`` is clipped into them by the kind (and counted), never refused."""
 
     statistic: str
     key: str | None  # the events it counts: this key, or every event when None
     needs_value: bool
-    max_value: int | None  # an integer in [1, max_value]; None: any finite number
+    # A sum's R (values in [0, R]) or bins (values in [1, R]); kept apart from ``bounds``
+    # for the rules fingerprint, which it has always been part of.
+    max_value: int | None
     deletions: bool  # it counts "op": "delete" events (as its deletion stream)
     cell_field: str | None = None  # cell_mean: the attribute holding the cell key
     cell_keys: frozenset[str] | None = None  # cell_mean: the public cell domain, if any
+    # [lower, upper] its values are clipped into; None: any finite value is used as is.
+    bounds: tuple[float, float] | None = None
 
 
 NO_VALUE = float("nan")  # a value column's "no value" (events' values are finite)

@@ -23,7 +23,7 @@ from dpstream.operators.noise import NoiseSource, interval
 from dpstream.operators.trees import expiring_tree, kary_tree, tree_counter
 from dpstream.operators.user_level import truncation
 
-from .bounding import ColumnarBounding
+from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
 from .contract import Step, WeightsStage2
 from .weights import KEPT_UNITS
 
@@ -35,7 +35,7 @@ class FixedTauStatistic(WeightsStage2):
 
     name: str
     tau: int
-    bounding: ColumnarBounding
+    bounding: UnitBounding
     mechanism: str  # the releases' "mechanism" field
     module: ModuleType
     spec: Any
@@ -54,6 +54,7 @@ class FixedTauStatistic(WeightsStage2):
         )
         weight = (pending or {}).get(KEPT_UNITS, 0)
         state, rel = self.module.step(self.spec, state, weight, noise)
+        grid = self.bounding.grid if isinstance(self.bounding, GridSumBounding) else None
         fields = {
             "step": rel.t,
             "value": rel.value,
@@ -61,6 +62,8 @@ class FixedTauStatistic(WeightsStage2):
             "interval": interval(rel.value, rel.ci95),
             "tau": self.tau,
         }
+        if grid is not None:
+            fields.update(grid_fields(grid, rel.value, rel.std, rel.ci95))
         return Step(state_codec.to_json(state), (fields,))
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -85,20 +88,27 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> FixedTauStatis
     """The tree counter of ``stat`` over the kept units; under ``any_subset`` each leaf's
     sensitivity doubles (``accounting.sensitivity_multiplier``)."""
     multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
-    return counter_for(stat, multiplier * stat.fixed_tau)
+    grid = value_grid(stat)
+    # A sum on a grid keeps a user's first tau events, each at most grid.bound units.
+    return counter_for(stat, multiplier * stat.fixed_tau * (1 if grid is None else grid.bound))
 
 
 def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> FixedTauStatistic:
     """The counter of ``stat`` whose leaves have per-level L1 sensitivity ``sensitivity``."""
     epsilon = Fraction(repr(stat.epsilon))  # the decimal the user wrote
     prefix = (stat.name, instance)
-    bounding = ColumnarBounding(
-        stat.name,
-        stat.key,
-        stat.deletions,
-        fixed=truncation.make_truncation(stat.fixed_tau),
-        max_value=stat.max_value,
-    )
+    grid = value_grid(stat)
+    bounding: UnitBounding
+    if grid is not None:
+        bounding = GridSumBounding(stat.name, stat.key, False, grid=grid, tau=stat.fixed_tau)
+    else:
+        bounding = ColumnarBounding(
+            stat.name,
+            stat.key,
+            stat.deletions,
+            fixed=truncation.make_truncation(stat.fixed_tau),
+            max_value=stat.max_value,
+        )
     common = (stat.name, stat.fixed_tau, bounding)
     mechanism, k = stat.mechanism, stat.k
     if mechanism == "auto":

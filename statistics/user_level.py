@@ -28,7 +28,7 @@ from dpstream.operators.trees import tree_counter
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import deletions, distinct_count, k_selection, svt
 
-from .bounding import ColumnarBounding, UnitBounding
+from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
 from .contract import Step, WeightsStage2
 from .weights import DELETES, INSERTS, parse_weights
 
@@ -179,8 +179,11 @@ class UserLevelCount(UserLevelStatistic):
     """A tau: auto count or sum."""
 
     @property
-    def bounding(self) -> ColumnarBounding:
+    def bounding(self) -> UnitBounding:
         stat = self.stat
+        grid = value_grid(stat)
+        if grid is not None:  # units of the grid, by rank band
+            return GridSumBounding(stat.name, stat.key, stat.deletions, grid=grid)
         return ColumnarBounding(stat.name, stat.key, stat.deletions, max_value=stat.max_value)
 
     def advance(
@@ -196,6 +199,9 @@ class UserLevelCount(UserLevelStatistic):
         out["value"] = only.value
         out["std"] = only.std
         out["interval"] = interval(only.value, only.ci95)
+        grid = value_grid(self.stat)
+        if grid is not None:  # tau stays in grid units: the tracker's bound
+            out.update(grid_fields(grid, only.value, only.std, only.ci95))
         return out
 
 

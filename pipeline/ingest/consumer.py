@@ -176,6 +176,8 @@ class Ingest:
         self._rebalanced = False  # a rebalance callback ran during the current read
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
+        # Per statistic: values clipped, rule failures on events others counted (exact).
+        self.by_statistic: Counter[str] = Counter()
 
     def run(self, stop: Any, parent: int | None = None) -> None:
         """Until ``stop`` is set (or the ``parent`` process is gone): consume, route, send,
@@ -196,6 +198,9 @@ class Ingest:
         log.info("ingest lag by source partition: %s", self.lag())
         if self.rejected:
             log.warning("dead-lettered records so far by reason: %s", dict(self.rejected))
+        if self.by_statistic:
+            # Exact counts of the users' values (docs/security.md, section 5): operators'.
+            log.info("per statistic so far: %s", dict(sorted(self.by_statistic.items())))
 
     def step(self, timeout: float) -> int:
         """Read a batch, route it and send it; commit every earlier batch the events
@@ -226,6 +231,7 @@ class Ingest:
         self._settle(1)
         self.events += routed.events
         self.rejected.update(routed.reasons)
+        self.by_statistic.update(routed.tally)
         return len(records)
 
     def _pause(self, records: list[SourceRecord], why: RegistryUnavailable) -> None:

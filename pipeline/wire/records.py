@@ -154,7 +154,15 @@ def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) 
     return None
 
 
-def parse_event(obj: object, limits: Limits) -> Event:
+Tally = dict[str, int]
+"""What the ingest counts per statistic, by "<what> (statistic <name>)": the values it
+clipped ("clipped") and the events it could not use that others did (their reason)."""
+
+
+def parse_event(obj: object, limits: Limits, tally: Tally | None = None) -> Event:
+    """The event in ``obj`` under ``limits``; BadRecord (with its reason) when no
+    statistic can use it. Into ``tally`` (when given): each statistic's clipped values
+    and its rule failures on events that another statistic counts."""
     # orjson returns exact dicts, lists, strs, ints, floats and bools: ``type(x) is``
     # checks are exact here (a bool is not an int) and cheaper than isinstance.
     if type(obj) is not dict:
@@ -171,13 +179,14 @@ def parse_event(obj: object, limits: Limits) -> Event:
         # No statistic would count this event.
         raise BadRecord("unknown statistic key" if key is not None else "missing key")
     value = get("value")
+    problem = None  # why a present value is no value: a failure of the rules needing one
     if value is not None:
         if type(value) is int:
             value = float(value)
         elif type(value) is not float:
-            raise BadRecord("value is not a number")
+            value, problem = None, "value is not a number"
         elif not math.isfinite(value):
-            raise BadRecord("value is not finite")
+            value, problem = None, "value is not finite"
     ts = get("ts")
     if ts is not None and type(ts) not in (int, float, str):
         raise BadRecord("ts is not a number or string")
@@ -207,11 +216,11 @@ def parse_event(obj: object, limits: Limits) -> Event:
     if plans is None:
         rules = limits.value_rules
         plans = limits.plans[key] = (_value_plan(rules, key, False), _value_plan(rules, key, True))
-    deletable, checks = plans[delete]
-    if checks:
-        _check_values(event, checks)
+    deletable, checks, free = plans[delete]
     if delete and not deletable:
         raise BadRecord("op delete: no statistic with deletions counts this event")
+    if checks:
+        _check_values(event, checks, free, problem, tally)
     return event
 
 
@@ -235,36 +244,81 @@ def _bad_user_id(user_id: object, name: str) -> BadRecord:
 
 def _value_plan(
     rules: tuple[ValueRule, ...], key: str | None, delete: bool
-) -> tuple[bool, tuple[ValueRule, ...]]:
-    """(whether a statistic with deletions counts such an event, the rules whose value
-    checks it must pass) for events with this key and op. The whole event is rejected if
-    any statistic that counts it cannot: it is never counted by some and not others."""
-    deletable, checks = False, []
+) -> tuple[bool, tuple[ValueRule, ...], bool]:
+    """(whether a statistic with deletions counts such an event, the rules that select it
+    and check it, whether a statistic that selects it needs nothing of it) for events
+    with this key and op. A rule's failure keeps the event from that statistic only: it
+    is refused when every statistic that selects it fails (``_check_values``)."""
+    deletable, checks, free = False, [], False
     for rule in rules:
         if rule.key is not None and key != rule.key:
             continue
         deletable = deletable or rule.deletions
-        if (delete and not rule.deletions) or not rule.needs_value:
+        if delete and not rule.deletions:
             continue
-        checks.append(rule)
-    return deletable, tuple(checks)
+        if rule.needs_value:
+            checks.append(rule)
+        else:
+            free = True
+    return deletable, tuple(checks), free
 
 
-def _check_values(event: Event, checks: tuple[ValueRule, ...]) -> None:
+def _rule_failure(event: Event, rule: ValueRule, problem: str | None) -> str | None:
+    """Why ``rule``'s statistic cannot use ``event`` (None: it can)."""
+    if event.value is None:
+        return problem or "missing value"
+    if rule.cell_field is not None:
+        cell = event.cell(rule.cell_field)
+        if cell is None:
+            return f"missing {rule.cell_field}"
+        if rule.cell_keys is not None and cell not in rule.cell_keys:
+            return f"{rule.cell_field} not in cells.keys"
+    return None
+
+
+def failure_reason(failed: list[tuple[str, str]]) -> str:
+    """One reason for an event no statistic could use, from (reason, statistic) of each
+    statistic that selected it: "missing value (statistics revenue, basket)"."""
+    by_reason: dict[str, list[str]] = {}
+    for reason, statistic in failed:
+        by_reason.setdefault(reason, []).append(statistic)
+    return "; ".join(
+        f"{reason} (statistic {names[0]})"
+        if len(names) == 1
+        else f"{reason} (statistics {', '.join(names)})"
+        for reason, names in by_reason.items()
+    )
+
+
+def _check_values(
+    event: Event,
+    checks: tuple[ValueRule, ...],
+    free: bool,
+    problem: str | None,
+    tally: Tally | None,
+) -> None:
+    """Each rule's check of ``event``; BadRecord when every statistic that selects it
+    fails (``free``: one that needs nothing of it does not). Into ``tally``: the values
+    clipped and, for an event used by some, the others' failures."""
+    failed: list[tuple[str, str]] = []
+    value = event.value
     for rule in checks:
-        if rule.max_value is None:
-            if event.value is None:
-                raise BadRecord(f"missing value (statistic {rule.statistic})")
-        elif event.value is None or event.value != int(event.value):
-            raise BadRecord(f"value is not an integer (statistic {rule.statistic})")
-        elif not 1 <= event.value <= rule.max_value:
-            raise BadRecord(f"value outside [1, {rule.max_value}] (statistic {rule.statistic})")
-        if rule.cell_field is not None:
-            cell = event.cell(rule.cell_field)
-            if cell is None:
-                raise BadRecord(f"missing {rule.cell_field} (statistic {rule.statistic})")
-            if rule.cell_keys is not None and cell not in rule.cell_keys:
-                raise BadRecord(f"{rule.cell_field} not in cells.keys (statistic {rule.statistic})")
+        reason = _rule_failure(event, rule, problem)
+        if reason is not None:
+            failed.append((reason, rule.statistic))
+        elif tally is not None and rule.bounds is not None:
+            lower, upper = rule.bounds
+            if not lower <= value <= upper:  # type: ignore[operator]  # not None: checked
+                what = f"clipped (statistic {rule.statistic})"
+                tally[what] = tally.get(what, 0) + 1
+    if not failed:
+        return
+    if not free and len(failed) == len(checks):
+        raise BadRecord(failure_reason(failed))
+    if tally is not None:
+        for reason, statistic in failed:
+            what = f"{reason} (statistic {statistic})"
+            tally[what] = tally.get(what, 0) + 1
 
 
 def _loads(value: bytes) -> object:
@@ -332,9 +386,14 @@ does not decode): JSON's is ``_loads``; a Schema Registry format's is a
 
 
 def decode_events(
-    value: bytes | None, kind: bytes | None, limits: Limits, decode: Decode | None = None
+    value: bytes | None,
+    kind: bytes | None,
+    limits: Limits,
+    decode: Decode | None = None,
+    tally: Tally | None = None,
 ) -> tuple[list[Event], list[tuple[int, str]]]:
-    """Decode an event record or envelope; ``decode``: the values' format (None: JSON).
+    """Decode an event record or envelope; ``decode``: the values' format (None: JSON);
+    ``tally``: as ``parse_event``'s.
 
     Returns the good events and, for an envelope, (index, reason) for each bad event in
     it: one bad event does not sink its neighbours. Raises BadRecord when the record as
@@ -348,7 +407,7 @@ def decode_events(
         # Batch envelopes are dpstream's own JSON; in another format a record is one event.
         if kind is not None:
             raise BadRecord("dpstream header on a record not in JSON")
-        return [parse_event(decode(value), limits)], []
+        return [parse_event(decode(value), limits, tally)], []
     obj = _loads(value)
     if kind == BATCH:
         if type(obj) is not list:
@@ -358,13 +417,13 @@ def decode_events(
         append = good.append
         for i, item in enumerate(obj):
             try:
-                append(parse_event(item, limits))
+                append(parse_event(item, limits, tally))
             except BadRecord as exc:
                 bad.append((i, exc.reason))
         return good, bad
     if kind is not None:
         raise BadRecord("unknown dpstream header")
-    return [parse_event(obj, limits)], []
+    return [parse_event(obj, limits, tally)], []
 
 
 def event_json(event: Event) -> dict[str, object]:
@@ -691,68 +750,71 @@ def _cell_key_failures(attr: str, column: np.ndarray, longest: int, failures: _F
 def _rule_failures(
     batch: Batch, rules: tuple[ValueRule, ...], cells: dict[str, np.ndarray], failures: _Failures
 ) -> None:
-    """``_check_values`` of every rule over the events it applies to (by key and op),
-    then the deletions no statistic with deletions counts (``_value_plan``)."""
+    """The deletions no statistic with deletions counts (``_value_plan``), then the
+    events that every statistic selecting them fails (``_check_values``), with the reason
+    ``failure_reason`` gives: an event one statistic can use is not refused."""
     value, delete = batch.value, batch.delete
     deletes = bool(np.count_nonzero(delete))
     deletable = np.zeros(len(batch), dtype=bool) if deletes else delete
+    used = np.zeros(len(batch), dtype=bool)  # some statistic that selects it can use it
+    failed: list[tuple[np.ndarray, str, str]] = []  # (rows, reason, statistic)
     for rule in rules:
-        if not rule.needs_value and not (deletes and rule.deletions):
-            continue  # it checks nothing here
         if rule.key is None:
-            match = None  # every event
+            selects = np.ones(len(batch), dtype=bool)  # every event
         elif rule.key in batch.keys:
-            match = batch.key == batch.keys.index(rule.key)
+            selects = batch.key == batch.keys.index(rule.key)
         else:
             continue  # no event of the batch has its key
         if deletes and rule.deletions:
-            deletable = deletable | (True if match is None else match)
-        if not rule.needs_value:
-            continue
+            deletable = deletable | selects
         if deletes and not rule.deletions:
-            applies = ~delete if match is None else match & ~delete
-        else:
-            applies = match
-        _value_failures(rule, value, applies, cells, failures)
+            selects = selects & ~delete
+        fails = _value_failures(rule, value, selects, cells) if rule.needs_value else []
+        bad = np.zeros(len(batch), dtype=bool)
+        for rows, reason in fails:
+            failed.append((rows, reason, rule.statistic))
+            bad |= rows
+        used |= selects & ~bad
     if deletes:
         reason = "op delete: no statistic with deletions counts this event"
         _failed(delete & ~deletable, reason, failures)
+    refused = np.zeros(len(batch), dtype=bool)
+    for rows, _, _ in failed:
+        refused |= rows
+    refused &= ~used
+    if not np.count_nonzero(refused):
+        return
+    by_reason: dict[str, list[int]] = {}  # per refused row (few: an ingest that drifted)
+    for row in np.flatnonzero(refused).tolist():
+        reason = failure_reason([(r, name) for rows, r, name in failed if rows[row]])
+        by_reason.setdefault(reason, []).append(row)
+    for reason, rows_of in by_reason.items():
+        mask = np.zeros(len(batch), dtype=bool)
+        mask[rows_of] = True
+        failures.append((mask, reason))
 
 
 def _value_failures(
-    rule: ValueRule,
-    value: np.ndarray,
-    applies: np.ndarray | None,
-    cells: dict[str, np.ndarray],
-    failures: _Failures,
-) -> None:
-    """One rule's checks of the values (and cell keys) of the events it applies to
-    (``applies``; None: every event)."""
-
-    def where(mask: np.ndarray) -> np.ndarray:
-        return mask if applies is None else applies & mask
-
-    statistic = rule.statistic
-    if rule.max_value is None:
-        _failed(where(np.isnan(value)), f"missing value (statistic {statistic})", failures)
-    else:
-        bad = where(~((value >= 1) & (value <= rule.max_value) & (value == np.trunc(value))))
-        if np.count_nonzero(bad):  # NaN (no value) is not integral; then integral, out of range
-            reason = f"value is not an integer (statistic {statistic})"
-            _failed(where(value != np.trunc(value)), reason, failures)
-            reason = f"value outside [1, {rule.max_value}] (statistic {statistic})"
-            failures.append((bad, reason))
+    rule: ValueRule, value: np.ndarray, selects: np.ndarray, cells: dict[str, np.ndarray]
+) -> list[tuple[np.ndarray, str]]:
+    """(rows, reason) of the events ``rule`` selects (``selects``) and cannot use, as
+    ``_rule_failure`` says: no value (NaN), then no cell key or one outside the domain."""
+    out: list[tuple[np.ndarray, str]] = []
+    missing = selects & np.isnan(value)
+    if np.count_nonzero(missing):
+        out.append((missing, "missing value"))
     if rule.cell_field is None:
-        return
-    attr = rule.cell_field
+        return out
+    attr, rest = rule.cell_field, selects & ~missing
     column = cells.get(attr)
     absent = np.ones(len(value), dtype=bool) if column is None else column == None  # noqa: E711
-    _failed(where(absent), f"missing {attr} (statistic {statistic})", failures)
+    if np.count_nonzero(rest & absent):
+        out.append((rest & absent, f"missing {attr}"))
     if column is not None and rule.cell_keys is not None:
         foreign = set(column.tolist()) - rule.cell_keys - {None}
         if foreign:
-            reason = f"{attr} not in cells.keys (statistic {statistic})"
-            _failed(where(np.isin(column, list(foreign))), reason, failures)
+            out.append((rest & np.isin(column, list(foreign)), f"{attr} not in cells.keys"))
+    return out
 
 
 def limits_for(cfg: PipelineConfig) -> Limits:

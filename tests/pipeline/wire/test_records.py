@@ -36,8 +36,6 @@ ANY_KEY = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=None)
         (b'{"user_id": 42}', "user_id is not a string"),
         (b'{"user_id": "  "}', "empty user_id"),
         (b'{"user_id": "' + b"u" * 65 + b'"}', "user_id too long"),
-        (b'{"user_id": "u", "value": "3"}', "value is not a number"),
-        (b'{"user_id": "u", "value": true}', "value is not a number"),
         (b'{"user_id": "u", "value": NaN}', "non-finite number (NaN or infinity)"),
         (b'{"user_id": "u", "value": 1e999}', "non-finite number (NaN or infinity)"),
         (b'{"user_id": "u", "key": 7}', "key is not a string"),
@@ -54,6 +52,12 @@ def test_bad_events_are_rejected_with_their_reason(payload, reason):
         decode_events(payload, None, limits)
     assert info.value.reason == reason
     assert "u" * 10 not in info.value.reason  # reasons never echo payloads
+
+
+def test_a_value_no_statistic_reads_does_not_matter():
+    # No statistic needs a value: a count counts the event whatever its "value" holds.
+    for payload in (b'{"user_id": "u", "value": "3"}', b'{"user_id": "u", "value": true}'):
+        assert decode_events(payload, None, ANY_KEY)[0][0].value is None
 
 
 def test_a_statistic_without_key_filter_accepts_every_key():
@@ -93,11 +97,6 @@ def _valued_limits():
 @pytest.mark.parametrize(
     ("event", "reason"),
     [
-        ({"key": "buy"}, "value is not an integer (statistic spend)"),
-        ({"key": "buy", "value": 2.5}, "value is not an integer (statistic spend)"),
-        ({"key": "buy", "value": 11}, "value outside [1, 10] (statistic spend)"),
-        ({"key": "buy", "value": 0}, "value outside [1, 10] (statistic spend)"),
-        ({"key": "page"}, "missing value (statistic seen)"),
         (
             {"key": "page", "op": "delete", "value": 1},
             "op delete: no statistic with deletions counts this event",
@@ -105,7 +104,6 @@ def _valued_limits():
         ({"key": "cart", "op": "remove"}, "op is not insert or delete"),
         ({"key": "cart", "op": None}, "op is not insert or delete"),
         ({"key": "cart", "op": ["delete"]}, "op is not insert or delete"),
-        ({"key": "buy", "value": True}, "value is not a number"),
         ({"key": "buy", "value": 3, "ts": False}, "ts is not a number or string"),
         ({"key": "buy", "value": 3, "ts": None, "op": "insert"}, None),
     ],
@@ -117,6 +115,58 @@ def test_statistics_reject_events_they_cannot_use(event, reason):
     with pytest.raises(BadRecord) as info:
         parse_event({"user_id": "u", **event}, _valued_limits())
     assert str(info.value) == reason
+
+
+@pytest.mark.parametrize(
+    ("event", "value", "tally"),
+    [
+        # The count "n" counts every event: a value another statistic cannot use does not
+        # lose the event, and the failure is counted for that statistic.
+        ({"key": "buy"}, None, {"missing value (statistic spend)": 1}),
+        ({"key": "buy", "value": True}, None, {"value is not a number (statistic spend)": 1}),
+        ({"key": "buy", "value": "12"}, None, {"value is not a number (statistic spend)": 1}),
+        ({"key": "page"}, None, {"missing value (statistic seen)": 1}),
+        # Real values are the sum's; outside [0, max_value] they are clipped, and counted.
+        ({"key": "buy", "value": 2.5}, 2.5, {}),
+        ({"key": "buy", "value": 11}, 11.0, {"clipped (statistic spend)": 1}),
+        ({"key": "buy", "value": -1}, -1.0, {"clipped (statistic spend)": 1}),
+        ({"key": "buy", "value": 0}, 0.0, {}),
+    ],
+)
+def test_an_event_one_statistic_cannot_use_is_counted_by_the_others(event, value, tally):
+    counted: dict[str, int] = {}
+    assert parse_event({"user_id": "u", **event}, _valued_limits(), counted).value == value
+    assert counted == tally
+
+
+def _no_count_limits():
+    cfg = parse_config(
+        {
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "spend", "epsilon": 1, "kind": "sum", "max_value": 10, "key": "buy"},
+                {"name": "sold", "epsilon": 1, "kind": "histogram", "bins": 4, "key": "buy"},
+                {"name": "seen", "epsilon": 1, "kind": "distinct", "key": "page"},
+            ],
+        }
+    )
+    return limits_for(cfg)
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"key": "buy"}, "missing value (statistics spend, sold)"),
+        ({"key": "buy", "value": "3"}, "value is not a number (statistics spend, sold)"),
+        ({"key": "page", "value": None}, "missing value (statistic seen)"),
+    ],
+)
+def test_an_event_no_statistic_can_use_is_dead_lettered_naming_them(event, reason):
+    counted: dict[str, int] = {}
+    with pytest.raises(BadRecord) as info:
+        parse_event({"user_id": "u", **event}, _no_count_limits(), counted)
+    assert str(info.value) == reason
+    assert counted == {}  # a dead letter is counted as one, not per statistic
 
 
 def test_good_valued_and_delete_events():

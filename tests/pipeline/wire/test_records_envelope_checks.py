@@ -160,7 +160,7 @@ def test_every_reason_of_the_ingest_is_given_by_the_columns():
         Event("a", "buy", None),
         Event("a", "buy", 2.5),
         Event("a", "buy", 11.0),
-        Event("a", "buy", 5.0),  # the sum's R is 10, the histogram's bins 4
+        Event("a", "buy", 5.0),  # the sum's R is 10, the histogram's bins 4: clipped
         Event("a", "page", None),
         Event("a", "rate", None),
         Event("a", "view", None, True),
@@ -177,10 +177,7 @@ def test_every_reason_of_the_ingest_is_given_by_the_columns():
         (1, "user_id too long"),
         (2, "missing key"),
         (3, "unknown statistic key"),
-        (4, "value is not an integer (statistic spend)"),
-        (5, "value is not an integer (statistic spend)"),
-        (6, "value outside [1, 10] (statistic spend)"),
-        (7, "value outside [1, 4] (statistic sizes)"),
+        (4, "missing value (statistics spend, sizes)"),  # 2.5, 11.0, 5.0: clipped, used
         (8, "missing value (statistic seen)"),
         (9, "missing value (statistic avg)"),
         (10, "op delete: no statistic with deletions counts this event"),
