@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -17,7 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dpstream.operators import accounting
 from dpstream.operators.accounting import PrivacyStatement, StatementError, StatisticTerms
@@ -481,6 +492,35 @@ def _only(field: str, kinds: list[str], kind: str) -> str:
     return f"{field}: only applies to {which}, not {kind}"
 
 
+FilterScalar = StrictStr | StrictBool | StrictInt | StrictFloat  # a JSON scalar, as written
+
+
+def _check_condition(stat: StatisticConfig, path: str, wanted: Sequence[object]) -> None:
+    """One ``where`` field: a dotted path, values some event could hold there."""
+    name = f"where.{path}"
+    if any(not part for part in path.split(".")):
+        raise ValueError(f"{name}: must be a field name or a dotted path of field names")
+    if not wanted:
+        raise ValueError(f"{name}: an empty list matches no event")
+    # A field compared with a value holds no fields of its own: a filter or value field
+    # below it could never be met.
+    read = [*(stat.where or {}), stat.value_field or "value"]
+    below = [p for p in read if p.startswith(path + ".")]
+    if below:
+        raise ValueError(
+            f"{name}: {below[0]} is read below it, but it is compared with a value: "
+            "no event could match"
+        )
+    if path == (stat.value_field or "value") and KINDS[stat.kind].needs_value:
+        text = [w for w in wanted if type(w) not in (int, float)]
+        if text:
+            raise ValueError(
+                f"{name}: the statistic's own value field holds numbers; {text[0]!r} never matches"
+            )
+    if path == "key" and stat.key is not None and stat.key not in wanted:
+        raise ValueError(f"{name}: contradicts key: {stat.key}; no event could match both")
+
+
 def _check_interval(lower: float, upper: float) -> None:
     """A value range [lower, upper] of a mean: finite, and not empty."""
     for name, bound in (("lower", lower), ("upper", upper)):
@@ -732,8 +772,36 @@ class StatisticConfig(_Model):
     cells: CellConfig | None = None
     # Count only events whose ``key`` equals this; None counts every event.
     key: str | None = None
+    # The event field holding its value, a dotted path for a nested field (None: "value");
+    # a histogram's or kselect's bin, a distinct count's item.
+    value_field: str | None = None
+    # Which events it counts: {field: value} (equality) or {field: [values]} (one of
+    # them), fields ANDed, dotted paths for nested fields; beside ``key``, if given.
+    where: dict[str, FilterScalar | list[FilterScalar]] | None = None
 
     _name = field_validator("name")(_identifier)
+
+    @field_validator("value_field")
+    @classmethod
+    def _value_field(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(not part for part in v.split("."))):
+            raise ValueError("must be a field name or a dotted path of field names")
+        return None if v == "value" else v  # the default, spelled out: the same statistic
+
+    @model_validator(mode="after")
+    def _fields(self) -> StatisticConfig:
+        """What it reads of an event: a value where its kind takes one, and a filter that
+        some event could match."""
+        if self.value_field is not None and not KINDS[self.kind].needs_value:
+            raise ValueError(f"value_field: kind {self.kind} takes no value")
+        where = self.where
+        if where is None:
+            return self
+        if not where:
+            raise ValueError("where: an empty filter; leave it out to count every event")
+        for path, wanted in where.items():
+            _check_condition(self, path, wanted if isinstance(wanted, list) else [wanted])
+        return self
 
     @field_validator("epsilon")
     @classmethod

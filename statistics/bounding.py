@@ -29,6 +29,9 @@ from dpstream.operators.user_level import truncation
 from .events import Batch, Event
 from .weights import DELETES, INSERTS, KEPT_UNITS, band_key, crossing_key
 
+Views = dict[str, tuple[np.ndarray, np.ndarray]]
+"""Per statistic name: (the rows of a batch it selects, its value column)."""
+
 
 def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
     for key, value in weights.items():
@@ -249,9 +252,12 @@ class UnitColumns:
                 self.slots.append((stat.name + "/-", stat, DELETES))
         self.names = [slot for slot, _, _ in self.slots]
 
-    def units(self, batch: Batch, rows: np.ndarray, users: int) -> np.ndarray:
+    def units(
+        self, batch: Batch, rows: np.ndarray, users: int, views: Views | None = None
+    ) -> np.ndarray:
         """(users x slots) int64: each user's units per slot in ``batch`` (``rows``: the
-        user of each event, 0 .. users - 1)."""
+        user of each event, 0 .. users - 1). ``views``: for a statistic with a ``where`` or
+        a ``value_field``, (the rows it selects, its values), by name."""
         out = np.zeros((users, len(self.slots)), dtype=np.int64)
         for column, (_, stat, stream) in enumerate(self.slots):
             mask = batch.delete if stream == DELETES else ~batch.delete
@@ -259,8 +265,12 @@ class UnitColumns:
                 if stat.key not in batch.keys:
                     continue
                 mask = mask & (batch.key == batch.keys.index(stat.key))
+            values = batch.value
+            view = None if views is None else views.get(stat.name)
+            if view is not None:
+                mask, values = mask & view[0], view[1]
             if stat.max_value is not None:  # a sum: int(value) in [0, R], as the definition
-                weights = stat.units_column(batch.value[mask]).astype(np.float64)
+                weights = stat.units_column(values[mask]).astype(np.float64)
                 totals = np.bincount(rows[mask], weights=weights, minlength=users)
                 out[:, column] = totals.astype(np.int64)
             else:

@@ -40,7 +40,7 @@ def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str,
 # Fields added to a statistic's config after statistics ran: left out of its definition
 # while unset, so a statistic that does not use them keeps its fingerprint (and its ledger
 # entries, its state and its noise).
-LATER_FIELDS = ("lower", "upper", "resolution")
+LATER_FIELDS = ("lower", "upper", "resolution", "value_field", "where")
 
 
 def _definition(stat: StatisticConfig) -> dict[str, object]:

@@ -20,6 +20,7 @@ Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statisti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -36,7 +37,7 @@ from . import (
     whole_user_mean,
 )
 from .contract import Statistic
-from .events import ValueRule
+from .events import ValueRule, Where, scalar_tag
 
 # What every kind's module has (``contract.KindModule``).
 KIND_FUNCTIONS = ("make_statistic", "describe", "identity")
@@ -161,4 +162,15 @@ def value_rule(stat: StatisticConfig) -> ValueRule:
         cell_field=None if cells is None else cells.field,
         cell_keys=None if cells is None or cells.keys is None else frozenset(cells.keys),
         bounds=bounds,
+        value_path=stat.value_field,
+        where=None if stat.where is None else where_of(stat.where),
+    )
+
+
+def where_of(where: Mapping[str, object]) -> Where:
+    """A ``where`` as the checks compare it (``events.Where``): sorted by path, each
+    field's values as ``scalar_tag``s."""
+    return tuple(
+        (path, frozenset(filter(None, map(scalar_tag, v if isinstance(v, list) else [v]))))
+        for path, v in sorted(where.items())
     )

@@ -101,6 +101,7 @@ event_st = st.builds(
     st.sampled_from([None, "click", "view"]),
     st.integers(1, 3).map(float),
     st.sampled_from([False, False, False, True]),
+    attrs=st.just(()),  # no statistic here reads a field by path
 )
 record_st = st.lists(event_st, min_size=1, max_size=25)
 

@@ -151,11 +151,22 @@ def test_the_old_form_keeps_its_fingerprint():
     ]
 
 
-def test_bounds_and_the_grid_are_part_of_the_identity():
+def test_bounds_grid_value_field_and_filter_are_part_of_the_identity():
     cfg = pipeline(REVENUE)
     (stat,) = cfg.statistics
     fingerprints = {identity.fingerprint(stat, cfg)}
-    for change in ({"upper": 300}, {"lower": -10}, {"resolution": 2000}):
+    changes = [
+        {"upper": 300},
+        {"lower": -10},
+        {"resolution": 2000},
+        {"value_field": "order.total"},
+        {"where": {"event_type": "purchase"}},
+        {"where": {"event_type": ["purchase", "refund"]}},
+    ]
+    for change in changes:
         other = pipeline({**REVENUE, **change})
         fingerprints.add(identity.fingerprint(other.statistics[0], other))
-    assert len(fingerprints) == 4
+    assert len(fingerprints) == 1 + len(changes)
+    # The default value field spelled out is the same statistic.
+    spelled = pipeline({**REVENUE, "value_field": "value"})
+    assert identity.fingerprint(spelled.statistics[0], spelled) == identity.fingerprint(stat, cfg)

@@ -265,3 +265,147 @@ def test_a_dpstream_header_without_a_value_is_an_unknown_kind():
     assert header_kind([("dpstream", None)]) == b""
     with pytest.raises(BadRecord, match="unknown dpstream header"):
         decode_events(b'{"user_id": "u"}', b"", ANY_KEY)
+
+
+def _shop(**input_fields):
+    """The purchases of a shop whose events name their type and amount: a count of page
+    views, a count of purchases, a revenue sum and a basket mean of the same field."""
+    return parse_config(
+        {
+            "input": input_fields,
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "views", "epsilon": 1, "tau": 4, "where": {"event_type": "page_view"}},
+                {
+                    "name": "buys",
+                    "epsilon": 1,
+                    "tau": 4,
+                    "where": {"event_type": ["purchase", "refund"], "shop.region": "eu"},
+                },
+                {
+                    "name": "revenue",
+                    "epsilon": 1,
+                    "kind": "sum",
+                    "tau": 3,
+                    "upper": 200,
+                    "resolution": 20000,
+                    "value_field": "order.total",
+                    "where": {"event_type": "purchase"},
+                },
+                {
+                    "name": "basket",
+                    "epsilon": 1,
+                    "kind": "mean",
+                    "value_field": "order.total",
+                    "where": {"event_type": "purchase"},
+                    "mean": {"lower": 0, "upper": 200, "max_samples_per_user": 4},
+                },
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("event", "outcome"),
+    [
+        ({"event_type": "page_view"}, {}),
+        # Membership, a nested field ANDed: a refund outside the eu is nobody's.
+        ({"event_type": "refund", "shop": {"region": "eu"}}, {}),
+        ({"event_type": "refund", "shop": {"region": "us"}}, "no statistic's where matches"),
+        ({"event_type": "signup"}, "no statistic's where matches"),
+        ({"event_type": 1}, "no statistic's where matches"),  # a number is not "1"
+        # A purchase with a bad amount still counts as a purchase (eu): the sum and the
+        # mean fail, and say so; without the eu region nobody can use it.
+        (
+            {"event_type": "purchase", "shop": {"region": "eu"}, "order": {"total": "9,99"}},
+            {
+                "order.total is not a number (statistic revenue)": 1,
+                "order.total is not a number (statistic basket)": 1,
+            },
+        ),
+        (
+            {"event_type": "purchase", "order": {}},
+            "missing order.total (statistics revenue, basket)",
+        ),
+        (
+            {"event_type": "purchase", "order": {"total": 250}},
+            {"clipped (statistic revenue)": 1, "clipped (statistic basket)": 1},
+        ),
+    ],
+)
+def test_where_filters_select_events_by_equality_membership_and_nested_fields(event, outcome):
+    limits = limits_for(_shop())
+    counted: dict[str, int] = {}
+    if isinstance(outcome, str):
+        with pytest.raises(BadRecord) as info:
+            parse_event({"user_id": "u", **event}, limits, counted)
+        assert info.value.reason == outcome
+        return
+    parse_event({"user_id": "u", **event}, limits, counted)
+    assert counted == outcome
+
+
+def test_the_fields_read_by_path_go_through_the_envelope_and_the_log_form():
+    from dpstream.pipeline.wire.records import decode_envelope, encode_envelope
+
+    limits = limits_for(_shop(user_id_field="actor.id"))
+    raw = {
+        "actor": {"id": "u"},
+        "event_type": "purchase",
+        "shop": {"region": "eu", "name": "not read"},
+        "order": {"total": 12.5, "items": [1, 2]},
+    }
+    event = parse_event(raw, limits)
+    assert event.attrs == (("event_type", "purchase"), ("order.total", 12.5), ("shop.region", "eu"))
+    assert event_json(event) == {
+        "user_id": "u",
+        "event_type": "purchase",
+        "order": {"total": 12.5},
+        "shop": {"region": "eu"},
+    }
+    envelope = decode_envelope(encode_envelope("s/0", [0], [0], [event], rules="r"))
+    assert envelope.events == [event]
+
+
+def test_the_rules_fingerprint_keeps_the_old_form_and_covers_fields_and_filters():
+    from dpstream.pipeline.wire.records import rules_fingerprint
+
+    legacy = parse_config(
+        {
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "views", "epsilon": 1, "tau": 4, "key": "view"},
+                {
+                    "name": "revenue",
+                    "epsilon": 1,
+                    "kind": "sum",
+                    "tau": 10,
+                    "max_value": 200,
+                    "key": "buy",
+                },
+                {"name": "sizes", "epsilon": 1, "kind": "histogram", "bins": 8, "key": "buy"},
+                {
+                    "name": "basket",
+                    "epsilon": 1,
+                    "kind": "mean",
+                    "key": "buy",
+                    "mean": {"lower": 0, "upper": 200, "max_samples_per_user": 4},
+                },
+            ],
+        }
+    )
+    assert rules_fingerprint(limits_for(legacy), 3) == "f232e788ce524ae1"  # as before
+    shop = _shop()
+    seen = {rules_fingerprint(limits_for(shop), 3)}
+    for n, change in enumerate(
+        [
+            {"value_field": "order.net"},
+            {"where": {"event_type": "sale"}},
+            {"where": {"event_type": ["purchase", "sale"]}},
+        ]
+    ):
+        stats = [s.model_dump(by_alias=True, exclude_unset=True) for s in shop.statistics]
+        stats[2] = {**stats[2], **change}
+        other = parse_config({"privacy": {"total_epsilon": 4}, "statistics": stats})
+        seen.add(rules_fingerprint(limits_for(other), 3))
+        assert len(seen) == n + 2
