@@ -765,7 +765,7 @@ def test_the_generated_batch_covers_every_kind_of_hostile_record():
                  "non-finite", "oversized", "forged tick", "forged envelope", "good",
                  "good envelope", "good deep", "unknown header", "null record"]:  # fmt: skip
         assert kinds[kind] > 0, kind
-    assert len(reasons) >= 20, reasons
+    assert len(reasons) >= 18, reasons  # 20 before a sum clipped its values (issue 26)
     assert reasons[UNKNOWN_HEADER] > 0 and reasons[MALFORMED] > 0
     assert max(len(r.value or b"") for r in records) > 10 * MAX_RECORD_BYTES
     assert len({r.value for r in records}) < len(records)  # duplicates
