@@ -66,8 +66,14 @@ CONFIG = {
 def shop_events(rng: random.Random, n: int) -> list[dict]:
     """Zipf activity over USERS users; a fifth are purchases with a float amount (some
     above 200, a few not a number)."""
-    out = []
-    for _ in range(n):
+    # First purchases of rare users outside [0, 200]: clipped, within every user's tau.
+    out: list[dict] = [
+        {"actor": {"id": f"user-{u:04d}"}, "event_type": "purchase", "amount": amount}
+        for u, amount in zip(
+            range(290, 296), [250.5, 999.99, 200.01, -5.0, 201.0, 1e6], strict=True
+        )
+    ]
+    for _ in range(n - len(out)):
         user = f"user-{int(rng.paretovariate(1.1)) % USERS:04d}"
         if rng.random() < 0.8:
             out.append({"actor": {"id": user}, "event_type": "page_view"})
