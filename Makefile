@@ -13,12 +13,12 @@ COMPOSE_FILE := deploy/docker-compose.yml
 # apache/kafka from Docker Hub; dpstream/kafka:4.1.1 (make images) where no registry answers.
 KAFKA_IMAGE ?= $(or $(DPSTREAM_KAFKA_IMAGE),apache/kafka:4.1.1)
 
-.PHONY: demo test unit lint install broker-jars images compose-up compose-down clean
+.PHONY: demo test unit lint install broker-jars browser schemas images compose-up compose-down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,demo,schema-registry]'
+	$(PY) -m pip install -q -e '.[test,demo,schema-registry,pandas]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,9 +35,24 @@ test: $(STAMP) broker-jars
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"
 
+# Headless Chromium and its driver from Debian's packages, for the dashboard's browser test
+# (tests/integration/test_dashboard.py); .ci/run calls this. Needs root (apt-get) once.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+		echo "chromium and chromedriver: installed"; \
+	else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium chromium-driver; \
+	fi
+
+# The published JSON Schemas (docs/schemas/) from statistics/releases.py, where the
+# releases and ledger entries are built; tests/client/test_schemas.py fails when they differ.
+schemas: $(STAMP)
+	$(PY) -m dpstream.client.schemas --out docs/schemas
+
 # Lint and formatting of every Python folder; formatting is checked, never rewritten here.
 # Then the type hints of the installed packages ([tool.mypy] in pyproject.toml says which).
-LINT_DIRS := operators statistics pipeline config deploy testing tests bench experiments
+LINT_DIRS := operators statistics pipeline client config deploy testing tests bench experiments
 
 # The repository root is the dpstream package (setuptools' package-dir), and the packages
 # import one another as dpstream.<package>. mypy cannot follow the editable install's import

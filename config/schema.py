@@ -277,6 +277,18 @@ class OutputConfig(_Model):
     _topics = field_validator("dead_letter_topic", "ledger_topic")(_topic_name)
 
 
+class MetricsConfig(_Model):
+    """The worker's operations endpoint: Prometheus metrics on ``/metrics`` and the health
+    probes ``/livez`` and ``/readyz``, on one port (docs/operations.md). Off by default;
+    ``dpstream worker --metrics-port`` turns it on at another port (several workers on one
+    host), ``--no-metrics`` off. The numbers it serves are exact and data-dependent
+    (docs/security.md section 5): the default host is this host only."""
+
+    enabled: bool = False
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(9464, ge=1, le=65535)
+
+
 class NoiseMode(StrEnum):
     keyed = "keyed"
     # Zero noise releases exact (truncated) values: NOT private. Tests and debugging only;
@@ -1003,6 +1015,7 @@ class PipelineConfig(_Model):
     outputs: OutputConfig = OutputConfig()
     noise: NoiseConfig = NoiseConfig()
     kafka: KafkaSecurityConfig = KafkaSecurityConfig()
+    metrics: MetricsConfig = MetricsConfig()
     privacy: PrivacyConfig
     statistics: list[StatisticConfig] = Field(min_length=1)
 

@@ -51,6 +51,7 @@ from dpstream.operators.state_codec import from_json, to_json
 
 from .contract import Report, Step, own_caps
 from .events import Event
+from .releases import CellMeanFields
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ Cells = dict[str, Agg]  # cell key -> aggregate
 
 # The states are stored as JSON (stage 1's and stage 2's tables); each class's
 # ``to_json``/``from_json`` are the only code that knows its JSON form.
+
+
+RELEASE_FIELDS = CellMeanFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,10 @@ from dpstream.operators.trees import binary_mechanism
 
 from .contract import Report, Step, own_caps
 from .events import Event
+from .releases import ContinualMeanFields
+
+RELEASE_FIELDS = ContinualMeanFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)

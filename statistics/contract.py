@@ -187,6 +187,9 @@ told apart by ``bounding`` (None: per-user state)."""
 class KindModule(Protocol):
     """A kind's module, as the registry (``registry.py``) finds it."""
 
+    RELEASE_FIELDS: type
+    """The ``TypedDict`` (``releases.py``) of its releases' own fields."""
+
     def make_statistic(self, stat: StatisticConfig, cfg: PipelineConfig) -> Statistic:
         """``stat`` as both stages run it."""
         ...

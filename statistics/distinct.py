@@ -21,9 +21,13 @@ from dpstream.operators.user_level import distinct_count
 
 from .bounding import UnitBounding
 from .events import Event
+from .releases import UserLevelFields
 from .user_level import UserLevelState, UserLevelStatistic, series_fields, versions
 from .user_level import describe as describe
 from .weights import INSERTS, crossing_key, distinct_key, distinct_values, parse_weights
+
+RELEASE_FIELDS = UserLevelFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)

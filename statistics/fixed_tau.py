@@ -25,7 +25,11 @@ from dpstream.operators.user_level import truncation
 
 from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
 from .contract import Step, WeightsStage2
+from .releases import CounterFields
 from .weights import KEPT_UNITS
+
+RELEASE_FIELDS = CounterFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dpstream.operators.noise import NoiseSource, interval
 
 from .bounding import UnitBounding, clamped_units, rank_band_weights
 from .events import Event
+from .releases import HistogramFields
 from .user_level import (
     UserLevelState,
     UserLevelStatistic,
@@ -26,6 +27,9 @@ from .user_level import (
     versions,
 )
 from .user_level import describe as describe
+
+RELEASE_FIELDS = HistogramFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,13 @@ from dpstream.operators.noise import NoiseSource
 from dpstream.operators.user_level import k_selection
 
 from .histogram import HistogramBounding
+from .releases import KSelectFields
 from .user_level import UserLevelState, UserLevelStatistic, versions
 from .user_level import describe as describe
 from .weights import INSERTS, parse_weights
+
+RELEASE_FIELDS = KSelectFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ One line per kind (``REGISTRY``). A kind's module holds its stage-1 bounding and
 stage-2 step and has three functions: ``make_statistic(stat, cfg)`` (its
 ``contract.Statistic``), ``describe(stat, cfg)`` (one line for ``dpstream check-config``)
 and ``identity(stat, cfg)`` (what shapes the statistic beyond its config: the mechanism as
-resolved, its algorithms' versions; ``identity.py``). Where one kind has two algorithms,
-the line says which setting chooses: a count or a sum is Dong-Luo-Yi's Alg. 3 with a
-fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean the whole-user mean or, with
-public counts, George et al.'s (``ByCounts``).
+resolved, its algorithms' versions; ``identity.py``), and names the shape of its releases
+(``RELEASE_FIELDS``, a ``TypedDict`` of ``releases.py``; ``release_shapes``). Where one
+kind has two algorithms, the line says which setting chooses: a count or a sum is
+Dong-Luo-Yi's Alg. 3 with a fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean
+the whole-user mean or, with public counts, George et al.'s (``ByCounts``).
 
 The config schema lists the kinds and the parameters each takes (``config.schema.KINDS``);
 this registry and that list name the same kinds, and every module has every function:
@@ -41,6 +42,7 @@ from .events import ValueRule, Where, scalar_tag
 
 # What every kind's module has (``contract.KindModule``).
 KIND_FUNCTIONS = ("make_statistic", "describe", "identity")
+KIND_ATTRIBUTES = ("RELEASE_FIELDS",)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def check_registry() -> None:
 
     Raises:
         TypeError: a kind the config lists but the registry does not (or the reverse), or
-            a module without one of ``KIND_FUNCTIONS``.
+            a module without one of ``KIND_FUNCTIONS`` or ``KIND_ATTRIBUTES``.
     """
     if set(REGISTRY) != set(KINDS):
         raise TypeError(
@@ -106,11 +108,25 @@ def check_registry() -> None:
     for kind, implementation in REGISTRY.items():
         for module in _modules(implementation):
             missing = [f for f in KIND_FUNCTIONS if not callable(getattr(module, f, None))]
+            missing += [a for a in KIND_ATTRIBUTES if not hasattr(module, a)]
             if missing:
                 raise TypeError(f"kind {kind}: {module.__name__} has no {', '.join(missing)}")
 
 
 check_registry()  # at import: a kind that misses a function never runs
+
+
+def release_shapes() -> dict[type, list[str]]:
+    """The shapes of the kinds' releases (each module's ``RELEASE_FIELDS``), each with the
+    kinds that release in it, in the registry's order (the published schemas,
+    ``dpstream.client.schemas``)."""
+    out: dict[type, list[str]] = {}
+    for kind, implementation in REGISTRY.items():
+        for module in _modules(implementation):
+            kinds = out.setdefault(module.RELEASE_FIELDS, [])
+            if kind not in kinds:
+                kinds.append(kind)
+    return out
 
 
 def implementation(stat: StatisticConfig, cfg: PipelineConfig) -> ModuleType:

@@ -10,18 +10,26 @@ Schema versions: releases 3 (the default ``kind: mean`` releases noisy samples, 
 counts), ledger records 4 (every record names its app id and is authenticated;
 statements carry runs, sources and the user id field; a statistic's first entry is
 ``"event": "start"`` with its run: docs/design.md sections 4a and 4b).
+
+The shapes of what is published are declared here too, as ``TypedDict``\ s: the header
+of every release (``ReleaseHeader``) around each kind's own fields (``CounterFields``, ...;
+a kind's module names its shape as ``RELEASE_FIELDS``, the registry which kinds share
+one), and every ledger entry (``StartEntry``, ``LedgerHeader`` with ``BudgetFields``,
+``CellsFields`` or ``ExhaustedEntryFields``, ``StatementEntry``, each signed with
+``Signature``). The JSON Schemas published in docs/schemas/ are generated from them
+(``python -m dpstream.client.schemas``); a change of shape is a new schema version.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from dpstream.config.schema import PipelineConfig
-from dpstream.operators.accounting import Charge
+from dpstream.operators.accounting import Charge, PrivacyStatement
 
 from .contract import Statistic
 
@@ -50,14 +58,302 @@ class ReleaseHeader(TypedDict):
     insecure: NotRequired[str]  # only with noise.mode other than keyed: that mode
 
 
+@dataclass(frozen=True)
+class Items:
+    """How many items a list holds, exactly (the schemas' ``minItems`` and ``maxItems``)."""
+
+    count: int
+
+
+Interval = Annotated[list[float], Items(2)]
+"""[low, high]: a 95% interval, or bounds."""
+
+
+class CounterFields(TypedDict):
+    """A count or sum with a fixed tau (``fixed_tau.py``): the tree counter's running
+    value, its noise's std and 95% interval, and the bound tau."""
+
+    step: int
+    value: int | float  # a sum on a grid: units times grid_step
+    std: float
+    interval: Interval
+    tau: int
+    grid_step: NotRequired[float]  # a sum on a grid (lower/upper/resolution): its step
+
+
+class TrackedBound(TypedDict):
+    """The bound a ``tau: auto`` statistic tracks privately (``user_level.series_fields``):
+    tau, the truncation instance and the SVT index (and the deletion stream's tau)."""
+
+    tau: int
+    instance: int
+    svt_index: int
+    tau_deletions: NotRequired[int]
+
+
+class UserLevelFields(TrackedBound):
+    """A ``tau: auto`` count, sum or distinct count (Dong-Luo-Yi Alg. 5), and the epsilon
+    its tracker and instances have spent so far (below its epsilon)."""
+
+    step: int
+    value: int | float  # a sum on a grid: units times grid_step
+    std: float
+    interval: Interval
+    epsilon_spent: float
+    grid_step: NotRequired[float]  # a sum on a grid (lower/upper/resolution): tau in its units
+
+
+class HistogramFields(TrackedBound):
+    """A ``tau: auto`` histogram: per bin (values 1..R) its value, std and interval, and
+    the max frequency (post-processing)."""
+
+    step: int
+    values: list[int]
+    std: list[float]
+    intervals: list[Interval]
+    max_frequency: int
+    epsilon_spent: float
+
+
+class KSelectFields(TypedDict):
+    """A k-selection (Dong-Luo-Yi Alg. 6): the value (0: fewer than k items), the rank k,
+    the margin in ranks and whether the value is one-way (never above the true k-th)."""
+
+    step: int
+    value: int
+    k: int
+    margin: float
+    margin_mode: Literal["full", "half"]
+    one_way: bool
+    tau: int
+    taus: list[int]
+    epsilon_spent: float
+
+
+class WholeUserMeanFields(TypedDict):
+    """A whole-user mean (the default ``kind: mean``): every number noised; ``value`` and
+    ``std`` null while the noisy count of kept samples is below 1."""
+
+    step: int
+    value: float | None
+    std: float | None
+    interval: Interval
+    samples: int
+    samples_std: float
+    samples_interval: Interval
+    max_samples_per_user: int
+    bounds: Interval
+
+
+class ContinualMeanFields(TypedDict):
+    """George et al.'s continual mean (``privacy.public_counts: true``): exact counts."""
+
+    step: int
+    value: float
+    std: float
+    interval: Interval
+    mean_interval: Interval
+    samples_covered: int
+    samples: int
+    samples_over_cap: int
+    users: int
+    users_over_cap: int
+    active_levels: int
+    medians: list[Interval]
+    bounds: Interval
+
+
+class CellMeanFields(TypedDict):
+    """One cell's mean (Rameshwar et al.), released when its slot closes."""
+
+    cell: str
+    slot: int
+    slot_ticks: Annotated[list[int], Items(2)]
+    epoch: int
+    value: float
+    std: float
+    interval: Interval
+    noise_scale: float
+    cell_mechanism: str
+    bounds: Interval
+    clip_interval: NotRequired[Interval]
+    n_users: NotRequired[int]
+    n_samples: NotRequired[int]
+    m_ub: NotRequired[int]
+    n_arrays: NotRequired[int]
+    noisy_count: NotRequired[int]
+
+
+class ExhaustedFields(TypedDict):
+    """The last release of a statistic whose lifetime budget is spent (``exhausted``)."""
+
+    exhausted: Literal[True]
+    value: None
+    note: str
+
+
 class LedgerHeader(TypedDict):
-    """The fields every ledger entry of a statistic has (its first one: ``start``)."""
+    """The fields every ledger entry of a statistic has after its first (``start``)."""
 
     schema_version: int
     app_id: str
     statistic: str
     tick: int
     total_epsilon: float
+
+
+class Signature(TypedDict):
+    """What the worker adds to every ledger entry it writes: the key's commitment and a MAC
+    under the pipeline's key (``pipeline.worker.keys``)."""
+
+    key_commitment: str
+    mac: str
+
+
+class LossAtAge(TypedDict):
+    age_ticks: int
+    epsilon: float
+
+
+class StartEntry(TypedDict):
+    """A statistic's first ledger entry (``Records.start``), with what its kind adds
+    (``Statistic.ledger_start``: the fields below ``start_tick``)."""
+
+    schema_version: int
+    app_id: str
+    event: Literal["start"]
+    statistic: str
+    instance: int
+    tick: int
+    epsilon: float
+    mechanism: str
+    tau: NotRequired[int | Literal["auto"]]
+    neighbours: str
+    note: str
+    total_epsilon: float
+    charged: float
+    fingerprint: str
+    run_id: str
+    start_tick: int
+    expiration: NotRequired[list[LossAtAge]]
+    split: NotRequired[dict[str, float]]
+    sensitivities: NotRequired[list[int]]
+    max_samples_per_user: NotRequired[int]
+    resolution: NotRequired[int]
+    max_users: NotRequired[int]
+    counts_public: NotRequired[bool]
+    cell_field: NotRequired[str]
+    slot_ticks: NotRequired[int]
+    epoch_slots: NotRequired[int]
+    epoch_cap: NotRequired[float]
+    on_cap: NotRequired[str]
+    clip_user: NotRequired[bool]
+    bounds: NotRequired[Interval]
+    step: NotRequired[float]
+
+
+class BudgetFields(TypedDict):
+    """A ``tau: auto`` statistic's tracker or instance series spent more this tick."""
+
+    event: Literal["budget"]
+    tracker_epsilon: float
+    instances_epsilon: float
+    epsilon_spent: float
+    epsilon: float
+    tau: int
+    svt_index: int | None
+    instance: int | None
+
+
+class DroppedAtCap(TypedDict):
+    users: int
+    pairs: int
+    cells_not_released: int
+
+
+class ClipUserOutcome(TypedDict):
+    pairs_suppressed: int
+    loss_before: float
+    loss_after: float
+    rounds: int
+    error_bound_e0: float
+    cells_above_e0: int
+
+
+class CellsFields(TypedDict):
+    """A ``cell_mean`` statistic released a slot (with public counts: who was charged)."""
+
+    event: Literal["cells"]
+    epoch: int
+    slot: int
+    cells_released: int
+    epsilon_per_cell: float
+    epoch_cap: float
+    note: NotRequired[str]
+    users_charged: NotRequired[int]
+    epoch_max_loss: NotRequired[float]
+    dropped_at_cap: NotRequired[DroppedAtCap]
+    clip_user: NotRequired[ClipUserOutcome]
+
+
+class ExhaustedEntryFields(TypedDict):
+    """A statistic's lifetime budget is spent (``Records.exhausted``)."""
+
+    event: Literal["exhausted"]
+    epsilon_spent: float
+    horizon_ticks: int | None
+
+
+class ChargeRecord(TypedDict):
+    """One statistic's charge in a statement (``accounting.Charge.to_json``)."""
+
+    statistic: str
+    relation: str
+    epsilon: float
+    per_epoch: bool
+    exact_counts: bool
+    basis: str
+    run_id: NotRequired[str]
+
+
+class RunIdentity(TypedDict):
+    """A statistic's identity and run, as a statement states it."""
+
+    fingerprint: str
+    parameters: dict[str, Any]
+    run_id: str
+
+
+class StatementEntry(TypedDict):
+    """The ledger record of a worker start (``statement_entry``): the privacy statement
+    (``accounting.PrivacyStatement.to_json``), each statistic's identity and run, the runs
+    begun anew, the source topics and the privacy unit."""
+
+    schema_version: int
+    event: Literal["statement"]
+    app_id: str
+    relation: str
+    public_counts: bool
+    composition: str
+    per_user_total: float
+    per_epoch: bool
+    total_epsilon: float
+    statistics: list[ChargeRecord]
+    retired: list[ChargeRecord]
+    identities: dict[str, RunIdentity]
+    new_runs: list[str]
+    sources: list[str]
+    user_id_field: str
+
+
+LEDGER_ENTRIES: tuple[tuple[type, ...], ...] = (
+    (StatementEntry,),
+    (StartEntry,),
+    (LedgerHeader, BudgetFields),
+    (LedgerHeader, CellsFields),
+    (LedgerHeader, ExhaustedEntryFields),
+)
+"""Every ledger entry, as the fields it is made of (each signed: ``Signature``)."""
 
 
 @dataclass(frozen=True)
@@ -175,3 +471,21 @@ class Records:
             },
         )
         return release, entry
+
+
+def statement_entry(
+    cfg: PipelineConfig,
+    statement: PrivacyStatement,
+    identities: Mapping[str, RunIdentity],
+    new_runs: Sequence[str],
+) -> dict[str, Any]:
+    """The ledger record of a worker start, unsigned (``StatementEntry``)."""
+    return {
+        "schema_version": LEDGER_SCHEMA_VERSION,
+        "event": "statement",
+        **statement.to_json(),
+        "identities": dict(identities),
+        "new_runs": list(new_runs),
+        "sources": sorted(cfg.input.topics),
+        "user_id_field": cfg.input.user_id_field,
+    }

@@ -30,7 +30,11 @@ from dpstream.operators.user_level import deletions, distinct_count, k_selection
 
 from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
 from .contract import Step, WeightsStage2
+from .releases import UserLevelFields
 from .weights import DELETES, INSERTS, parse_weights
+
+RELEASE_FIELDS = UserLevelFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,11 @@ from dpstream.operators.trees import tree_counter
 from .bounding import UnitBounding
 from .contract import Step, WeightsStage2, own_caps
 from .events import Event
+from .releases import WholeUserMeanFields
 from .weights import MEAN_SAMPLES, MEAN_UNITS
+
+RELEASE_FIELDS = WholeUserMeanFields
+"""The fields of its releases, inside the common ones (``releases.ReleaseHeader``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"operators": "dpstream.operators", "statistics": "dpstream.statistics",
             "pipeline": "dpstream.pipeline", "config": "dpstream.config",
-            "deploy": "dpstream.deploy", "testing": "dpstream.testing"}  # fmt: skip
+            "deploy": "dpstream.deploy", "testing": "dpstream.testing",
+            "client": "dpstream.client"}  # fmt: skip
 
 
 def modules() -> dict[str, Path]:
@@ -182,6 +183,7 @@ LAYERS = {
         "pipeline.stages",
     },
     "pipeline.tools": {
+        "client",
         "config",
         "deploy",
         "operators",
@@ -192,6 +194,9 @@ LAYERS = {
         "pipeline.stages",
         "pipeline.worker",
     },
+    # The downstream client reads the published records: their shapes (statistics) and
+    # the Kafka clients' settings, never the worker.
+    "client": {"config", "operators", "statistics", "pipeline.wire", "pipeline.kafka"},
 }
 # Kafka and Faust stay out of the statistics layer (and so out of everything replay and the
 # stages' tests need below the transport).
@@ -222,6 +227,14 @@ def test_the_statistics_layer_imports_no_kafka_and_no_faust():
         if layer(name) == "statistics":
             found = {m.partition(".")[0] for m in imported_modules(path.read_text())}
             assert not found & set(TRANSPORT_LIBRARIES), (name, found)
+
+
+def test_the_client_imports_no_faust():
+    # A downstream reader installs dpstream for its records, not for the worker's stack.
+    for name, path in modules().items():
+        if layer(name) == "client":
+            found = {m.partition(".")[0] for m in imported_modules(path.read_text())}
+            assert not found & {"faust", "mode"}, (name, found)
 
 
 def test_the_baselines_stay_out_of_the_production_import_path():

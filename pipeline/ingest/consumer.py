@@ -22,6 +22,11 @@ idempotent and gapless (a partition receives a prefix of what it was sent, in or
 
 Memory is bounded: at most two batches of ``input.ingest_batch`` source records are held,
 one on its way to the broker while the next is read and routed.
+
+The worker's metrics (docs/operations.md) learn what its ingest did from an
+``IngestReport`` the ingest puts on a queue once a second: its totals since it started
+and its lag, never blocking (a full queue drops the report; the next one carries the
+totals).
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ import ctypes
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -59,12 +66,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOG_SECONDS = 10.0
+REPORT_SECONDS = 1.0  # how often the ingest reports its totals to its worker
+REPORTS_QUEUED = 4  # reports that may wait for the worker (more are dropped)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class IngestFailed(DpStreamError):
     """The events topic refused what the ingest sent; it stops without committing, and a
     restarted ingest re-sends from the last committed offset."""
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What an ingest has done since it started, for its worker's metrics: source
+    records read, valid events sent to the events topic, dead letters by reason, partition
+    assignments received, and the lag of each source partition it holds, by (topic,
+    partition). Totals, not increments: a report lost on the way loses nothing."""
+
+    records: int = 0
+    events: int = 0
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    rebalances: int = 0
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class _Partition(TypedDict, total=False):
@@ -162,7 +185,9 @@ def _ends(records: list[SourceRecord]) -> dict[tuple[str, int], int]:
 class Ingest:
     """One ingest: a consumer-group member over the source topics and a producer."""
 
-    def __init__(self, cfg: PipelineConfig, bootstrap: str) -> None:
+    def __init__(self, cfg: PipelineConfig, bootstrap: str, reports: Any = None) -> None:
+        """An ingest of ``cfg``'s sources; ``reports``: a queue (``put_nowait``) its
+        ``IngestReport`` goes to every ``REPORT_SECONDS`` while it runs (None: none)."""
         self._cfg = cfg
         self._limits = limits_for(cfg)
         self._decode = source_decoder(cfg, self._limits)
@@ -172,12 +197,15 @@ class Ingest:
         self._consumer = Consumer(consumer_config(cfg, bootstrap))
         self._producer = Producer(producer_config(bootstrap, cfg))
         self._pending: deque[_Batch] = deque()  # sent, oldest first, not yet committed
-        self._logged = time.monotonic()
+        self._logged = self._reported = time.monotonic()
+        self._reports = reports
         self._rebalanced = False  # a rebalance callback ran during the current read
+        self.records = 0  # source records read so far
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
         # Per statistic: values clipped, rule failures on events others counted (exact).
         self.by_statistic: Counter[str] = Counter()
+        self.assignments = 0  # partition assignments received so far
 
     def run(self, stop: Any, parent: int | None = None) -> None:
         """Until ``stop`` is set (or the ``parent`` process is gone): consume, route, send,
@@ -188,19 +216,34 @@ class Ingest:
         try:
             while not stop.is_set() and (parent is None or os.getppid() == parent):
                 self.step(timeout=0.5)
-                if time.monotonic() - self._logged > LOG_SECONDS:
+                now = time.monotonic()
+                if now - self._logged > LOG_SECONDS:
                     self._log_progress()
+                if self._reports is not None and now - self._reported >= REPORT_SECONDS:
+                    self._report()
         finally:
             self.close()
 
     def _log_progress(self) -> None:
         self._logged = time.monotonic()
-        log.info("ingest lag by source partition: %s", self.lag())
+        lag = {f"{topic}[{partition}]": n for (topic, partition), n in self.lag().items()}
+        log.info("ingest lag by source partition: %s", lag)
         if self.rejected:
             log.warning("dead-lettered records so far by reason: %s", dict(self.rejected))
         if self.by_statistic:
             # Exact counts of the users' values (docs/security.md, section 5): operators'.
             log.info("per statistic so far: %s", dict(sorted(self.by_statistic.items())))
+
+    def report(self) -> IngestReport:
+        """What this ingest has done so far, and its lag."""
+        return IngestReport(
+            self.records, self.events, dict(self.rejected), self.assignments, self.lag()
+        )
+
+    def _report(self) -> None:
+        self._reported = time.monotonic()
+        with contextlib.suppress(queue.Full):  # the worker is behind: the next one will do
+            self._reports.put_nowait(self.report())
 
     def step(self, timeout: float) -> int:
         """Read a batch, route it and send it; commit every earlier batch the events
@@ -229,6 +272,7 @@ class Ingest:
         # This batch's acknowledgements arrive while the next one is read and routed; the
         # one before must be complete first (at most two batches held).
         self._settle(1)
+        self.records += len(records)
         self.events += routed.events
         self.rejected.update(routed.reasons)
         self.by_statistic.update(routed.tally)
@@ -340,16 +384,17 @@ class Ingest:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._rebalanced = True
+        self.assignments += 1
         log.info("ingest assigned %s", sorted(f"{p.topic}[{p.partition}]" for p in partitions))
 
-    def lag(self) -> dict[str, int]:
-        """Records behind the end of each assigned source partition."""
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records behind the end of each assigned source partition, by (topic, partition)."""
         out = {}
         for tp in self._consumer.assignment():
             _, high = self._consumer.get_watermark_offsets(tp, cached=True)
             position = self._consumer.position([tp])[0].offset
             if high >= 0 and position >= 0:
-                out[f"{tp.topic}[{tp.partition}]"] = high - position
+                out[(tp.topic, tp.partition)] = high - position
         return out
 
     def close(self) -> None:
@@ -388,21 +433,27 @@ def source_lag(cfg: PipelineConfig, bootstrap: str, timeout: float = 10.0) -> di
 
 
 class IngestHandle:
-    """The worker's ingest, in a thread or a child process, stopped with the worker."""
+    """The worker's ingest, in a thread or a child process, stopped with the worker; its
+    reports (``latest_report``) come over a bounded queue."""
 
     def __init__(self, cfg: PipelineConfig, bootstrap: str, mode: str) -> None:
         if mode == "thread":
             self._stop: Any = threading.Event()
+            self._reports: Any = queue.Queue(REPORTS_QUEUED)
             self._runner: Any = threading.Thread(
-                target=run_ingest, args=(cfg, bootstrap, self._stop), name="ingest", daemon=True
+                target=run_ingest,
+                args=(cfg, bootstrap, self._stop, None, self._reports),
+                name="ingest",
+                daemon=True,
             )
         else:
             # spawn: the worker already runs librdkafka's threads, which fork would not copy.
             context = multiprocessing.get_context("spawn")
             self._stop = context.Event()
+            self._reports = context.Queue(REPORTS_QUEUED)
             self._runner = context.Process(
                 target=run_ingest,
-                args=(cfg, bootstrap, self._stop, os.getpid()),
+                args=(cfg, bootstrap, self._stop, os.getpid(), self._reports),
                 name="dpstream-ingest",
                 daemon=True,
             )
@@ -410,6 +461,15 @@ class IngestHandle:
 
     def is_alive(self) -> bool:
         return self._runner.is_alive()
+
+    def latest_report(self) -> IngestReport | None:
+        """The newest report the ingest sent since the last call (None: none), without
+        waiting; older ones are dropped (each report holds the totals)."""
+        latest = None
+        with contextlib.suppress(queue.Empty):
+            while True:
+                latest = self._reports.get_nowait()
+        return latest
 
     @property
     def exitcode(self) -> int | None:
@@ -426,8 +486,15 @@ class IngestHandle:
             self._runner.kill()
 
 
-def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | None = None) -> None:
-    """An ingest until ``stop`` is set (or, in a child process, its worker is gone)."""
+def run_ingest(
+    cfg: PipelineConfig,
+    bootstrap: str,
+    stop: Any,
+    parent: int | None = None,
+    reports: Any = None,
+) -> None:
+    """An ingest until ``stop`` is set (or, in a child process, its worker is gone),
+    reporting to ``reports`` (``Ingest``)."""
     if parent is not None:
         # A terminal's Ctrl-C reaches the whole process group; this process stops when its
         # worker has shut down cleanly (``stop``), or with the worker (``_die_with_parent``),
@@ -437,7 +504,11 @@ def run_ingest(cfg: PipelineConfig, bootstrap: str, stop: Any, parent: int | Non
         logging.basicConfig(
             level=logging.INFO, format="[%(asctime)s] [ingest %(process)d] %(message)s"
         )
-    ingest = Ingest(cfg, bootstrap)
+        if reports is not None:
+            # Exit without waiting for the queue's feeder thread to hand over reports the
+            # worker no longer reads.
+            reports.cancel_join_thread()
+    ingest = Ingest(cfg, bootstrap, reports)
     ingest.run(stop, parent)
 
 

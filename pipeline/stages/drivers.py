@@ -50,6 +50,10 @@ from .stage2_state import Stage2State, StatisticRun
 
 log = logging.getLogger(__name__)
 
+FOREIGN_RULES = "stage 1: envelope made under other rules"
+"""The reason of an event whose envelope carries another rules fingerprint; the dead
+letter's reason goes on with both fingerprints, the envelope's as it came."""
+
 Rejected = tuple[int | None, str]
 """A dead letter: the event's index in its envelope (None: the whole record) and why."""
 
@@ -85,12 +89,14 @@ class InputRecord:
 class Stage1Outcome:
     """What stage 1 made of one record: the offsets the consumer skipped before it (read
     and ``handle`` them first, then this record again), or the reports to send to stage 2
-    and the dead letters; then ``Stage1Driver.done`` once they are acknowledged."""
+    and the dead letters; then ``Stage1Driver.done`` once they are acknowledged.
+    ``counted``: the record's events counted here for the first time (the metrics')."""
 
     hole: tuple[int, int] | None = None
     reports: list[Report] = field(default_factory=list)
     dead_letters: list[bytes] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # of the dead letters, in order
+    counted: int = 0
 
     def reject(self, reason: str, dead_letter: bytes) -> None:
         self.reasons.append(reason)
@@ -138,7 +144,7 @@ class Stage1Driver:
                 out.reports = reports
                 self._reject_all(out, record, bad)
         elif kind == ENVELOPE:
-            bad, refused = self.on_envelope(
+            bad, refused, out.counted = self._count_envelope(
                 pstate, users, record.partition, record.offset, record.value
             )
             self._reject_all(out, record, bad)
@@ -173,14 +179,26 @@ class Stage1Driver:
         """Count the events of envelope record ``offset`` that this partition has not
         counted before and that pass its own rules (``admitted``). Returns the dead
         letters: the record's when it is not an envelope, and the refused events'."""
+        bad, refused, _ = self._count_envelope(pstate, users, partition, offset, value)
+        return bad, refused
+
+    def _count_envelope(
+        self,
+        pstate: PartitionEntry,
+        users: MutableMapping[str, UserEntry],
+        partition: int,
+        offset: int,
+        value: bytes | None,
+    ) -> tuple[list[Rejected], list[Refused], int]:
+        """``on_envelope``, and how many events it counted."""
         fresh = not redelivered(pstate, offset)
         try:
             envelope = decode_envelope(value)
         except BadRecord as exc:
-            return ([(None, exc.reason)] if fresh else []), []
+            return ([(None, exc.reason)] if fresh else []), [], 0
         events, refused = self.admitted(pstate, envelope, partition)
         self.stage1.add_events(pstate, users, events, offset, partition)
-        return [], refused if fresh else []
+        return [], refused if fresh else [], len(events)
 
     def admitted(
         self, pstate: PartitionEntry, envelope: Envelope, partition: int
@@ -204,8 +222,7 @@ class Stage1Driver:
             reason = (
                 "stage 1: envelope without a rules fingerprint"
                 if envelope.rules is None
-                else f"stage 1: envelope made under other rules ({envelope.rules}, "
-                f"this stage 1's: {self.rules})"
+                else f"{FOREIGN_RULES} ({envelope.rules}, this stage 1's: {self.rules})"
             )
             refused = [(row, reason) for row in range(len(batch))]
         else:
@@ -293,7 +310,9 @@ class Stage2Outcome:
     (read the stage-2 partition from ``hole_from`` up to it, ``handle`` those records
     first, then this one again), or the releases and ledger entries to publish, by
     statistic, with their Kafka timestamp, and the statistics' states to store once they
-    are acknowledged."""
+    are acknowledged. ``published``: after a release marker, each statistic of its
+    partition that has closed a tick, with the tick every release up to which is now
+    published (the marker's tick, or its last closed tick if that is earlier)."""
 
     hole_from: int | None = None
     states: dict[str, Stage2State] = field(default_factory=dict)
@@ -302,6 +321,16 @@ class Stage2Outcome:
     timestamp_ms: int | None = None
     dead_letters: list[bytes] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    published: dict[str, int] = field(default_factory=dict)
+
+
+def statistics_by_partition(cfg: PipelineConfig, partitions: int) -> dict[int, list[str]]:
+    """The statistics of each stage-2 partition, as Faust keys the stage-2 topic: by
+    statistic name, with Kafka's default partitioner (murmur2)."""
+    out: dict[int, list[str]] = {}
+    for stat in cfg.statistics:
+        out.setdefault(partition_for(stat.name, partitions), []).append(stat.name)
+    return out
 
 
 class Stage2Driver:
@@ -320,11 +349,7 @@ class Stage2Driver:
         self._topic = cfg.stage2_topic
         self._interval = cfg.ticks.interval_seconds
         self._delay = cfg.ticks.release_delay
-        # Faust keys the stage-2 topic by statistic (Kafka's default partitioner, murmur2).
-        self._names_by_partition: dict[int, list[str]] = {}
-        for stat in cfg.statistics:
-            at = partition_for(stat.name, partitions)
-            self._names_by_partition.setdefault(at, []).append(stat.name)
+        self._names_by_partition = statistics_by_partition(cfg, partitions)
         self._configured = frozenset(s.name for s in cfg.statistics)
         self._unknown: set[str] = set()  # statistics whose reports were skipped (logged once)
 
@@ -378,6 +403,8 @@ class Stage2Driver:
             if state is None:
                 continue
             releases, ledger = self.on_release(state, tick)
+            if state.last_closed is not None:
+                out.published[name] = min(tick, state.last_closed)
             if releases or ledger:
                 out.releases.extend((name, r) for r in releases)
                 out.ledger.extend((name, e) for e in ledger)

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -213,13 +214,33 @@ def _format_line(cfg: PipelineConfig) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest)
+    endpoint = metrics_endpoint(cfg, args.metrics_port, args.no_metrics)
+    run_worker(cfg, resolve_bootstrap(args.bootstrap), args.loglevel, args.ingest, endpoint)
     return 0
 
 
+def metrics_endpoint(
+    cfg: PipelineConfig, port: int | None, off: bool = False
+) -> tuple[str, int] | None:
+    """Where the worker serves its metrics and probes, (host, port), or None: the config's
+    ``metrics:`` section, turned on at ``port`` by ``--metrics-port``, off by
+    ``--no-metrics``."""
+    if off or (port is None and not cfg.metrics.enabled):
+        return None
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port: must be a port number (0-65535), got {port}")
+    return cfg.metrics.host, cfg.metrics.port if port is None else port
+
+
 def run_worker(
-    cfg: PipelineConfig, bootstrap: str, loglevel: str = "info", ingest: str = INGEST_DEFAULT
+    cfg: PipelineConfig,
+    bootstrap: str,
+    loglevel: str = "info",
+    ingest: str = INGEST_DEFAULT,
+    endpoint: tuple[str, int] | None = None,
 ) -> None:
+    """A worker of ``cfg`` until it is stopped, with its metrics and probes served on
+    ``endpoint`` (host, port; None: not served)."""
     import faust
 
     from ..ingest.consumer import IngestHandle
@@ -234,8 +255,12 @@ def run_worker(
     from ..worker.app import create_app
     from ..worker.keys import load_key
     from ..worker.ledger import record_statement
+    from ..worker.metrics import WorkerMetrics
+    from ..worker.operations import Operations, bind
 
     key = load_key(cfg)  # before anything else: no key, no start
+    # A port already taken stops the worker here, before it writes anything.
+    server = None if endpoint is None else bind(*endpoint)
     # A refused password or certificate stops here, with one message naming the setting.
     brokers = check_connection(cfg.kafka, bootstrap)
     ensure_topics(cfg, bootstrap, only=[cfg.outputs.ledger_topic])
@@ -249,12 +274,21 @@ def run_worker(
     adopt_former_worker_offsets(cfg, bootstrap)
     datadir = Path(tempfile.mkdtemp(prefix=f"dpstream-{cfg.app_id}-"))
     handle = None if ingest == "off" else IngestHandle(cfg, bootstrap, ingest)
+    operations = None
     try:
         replicas, _ = replication(brokers)
-        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas)
+        metrics = WorkerMetrics(cfg, plan.statement)
+        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas, metrics)
         worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+        if server is not None:
+            operations = Operations(cfg, app, metrics, handle)
+            operations.start(worker.loop, server)
         worker.execute_from_commandline()
     finally:
+        if operations is not None:
+            operations.stop()
+        elif server is not None:
+            server.server_close()
         if handle is not None:
             handle.stop()
 
@@ -347,36 +381,43 @@ def _serializer(args: argparse.Namespace, cfg: PipelineConfig, events: list[dict
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from ..kafka.clients import read_releases
-    from ..kafka.topics import group_id
+    from dpstream.client import releases
 
     cfg = load_config(args.config)
-    consumer = read_releases(
+    stop = threading.Event()
+    timer = threading.Timer(args.timeout, stop.set) if args.timeout else None
+    read = releases(
+        args.statistic,
         connected(cfg, args.bootstrap),
-        cfg.release_topic(args.statistic),
-        group=group_id(cfg.app_id, f"tail-{args.statistic}"),
+        cfg,
         from_beginning=args.from_beginning,
-        security=cfg.kafka,
+        follow=True,
+        stop=stop,
     )
     seen = 0
-    deadline = time.monotonic() + args.timeout if args.timeout else None
     try:
-        while (args.max is None or seen < args.max) and (
-            deadline is None or time.monotonic() < deadline
-        ):
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            value = msg.value()
-            if value is None:  # no release in a record without a value
-                continue
-            sys.stdout.write(value.decode() + "\n")
+        if timer:
+            timer.start()
+        for release in read:
+            sys.stdout.write(orjson.dumps(dict(release.fields)).decode() + "\n")
             sys.stdout.flush()
             seen += 1
+            if args.max is not None and seen >= args.max:
+                break
     except KeyboardInterrupt:
         pass
     finally:
-        consumer.close()
+        read.close()
+        if timer:
+            timer.cancel()
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard import serve
+
+    cfg = load_config(args.config)
+    serve(cfg, connected(cfg, args.bootstrap), args.host, args.port)
     return 0
 
 
@@ -503,6 +544,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=INGEST_DEFAULT,
         help="where this worker's ingest runs (off: run `dpstream ingest` elsewhere)",
     )
+    endpoint = p.add_mutually_exclusive_group()
+    endpoint.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics, /livez and /readyz on this port (overrides metrics.port and "
+        "turns them on; 0: any free port)",
+    )
+    endpoint.add_argument(
+        "--no-metrics", action="store_true", help="do not serve them, whatever metrics: says"
+    )
     p.set_defaults(func=cmd_worker)
 
     p = with_config(sub.add_parser("ingest", help="run only an ingest (source -> events topic)"))
@@ -538,6 +590,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max", type=int)
     p.add_argument("--timeout", type=float, help="stop after this many seconds")
     p.set_defaults(func=cmd_tail)
+
+    p = with_config(
+        sub.add_parser("dashboard", help="a live web page of the releases, budget and lag")
+    )
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=int, default=8050, help="the port (0: any free one)")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("replay", help="run the pipeline offline over a JSONL event log")
     p.add_argument("--config", required=True)

@@ -47,6 +47,8 @@ def replay(
     noise: NoiseSource,
     rejected: list | None = None,
     runs: Mapping[str, StatisticRun] | None = None,
+    ledger: list[dict] | None = None,
+    dead_letters: list[bytes] | None = None,
 ) -> Iterator[dict]:
     """Yield every release (in order) that the pipeline would publish for this log.
 
@@ -57,8 +59,10 @@ def replay(
     topic's partitions that the stage-2 driver handles (``stages.drivers``: dedupe, dead
     letters and all). Every partition sees every marker; each marker's release marker
     follows its reports (when a tick is released changes when it is published, never what
-    it holds). ``rejected`` gets (line, index, reason) of each dead letter. The statistics'
-    runs are ``runs``, else the log header's (``export.py``), else ``OFFLINE_RUN``'s."""
+    it holds). ``rejected`` gets (line, index, reason) of each dead letter,
+    ``dead_letters`` the dead-letter records themselves, ``ledger`` the ledger entries
+    stage 2 publishes (unsigned: the worker signs them). The statistics' runs are
+    ``runs``, else the log header's (``export.py``), else ``OFFLINE_RUN``'s."""
     lines = iter(lines)
     first = next(lines, b"")
     header = _header(first)
@@ -66,7 +70,7 @@ def replay(
         lines = itertools.chain([first], lines)
     elif runs is None:
         runs = runs_of_header(header)
-    topics = _Topics(cfg, noise, runs)
+    topics = _Topics(cfg, noise, runs, ledger, dead_letters)
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
@@ -88,8 +92,15 @@ class _Topics:
     partition and stage 2's per statistic, and the drivers over them."""
 
     def __init__(
-        self, cfg: PipelineConfig, noise: NoiseSource, runs: Mapping[str, StatisticRun] | None
+        self,
+        cfg: PipelineConfig,
+        noise: NoiseSource,
+        runs: Mapping[str, StatisticRun] | None,
+        ledger: list[dict] | None,
+        dead_letters: list[bytes] | None,
     ) -> None:
+        self.ledger = [] if ledger is None else ledger
+        self.dead_letters = [] if dead_letters is None else dead_letters
         # The input's partitions, as in the worker: a continual mean splits its user cap
         # and packs its median arrays per partition (every other kind merely adds up).
         self.partitions = cfg.input.partitions
@@ -111,6 +122,7 @@ class _Topics:
         """One line as a source record: routed, its envelopes handled by stage 1."""
         record = SourceRecord("replay", 0, lineno, [(HEADER, BATCH)] if batch else None, line)
         routed = route([record], self.limits, self.partitions)
+        self.dead_letters.extend(routed.dead_letters)
         if rejected is not None:
             for letter in routed.dead_letters:
                 dead = orjson.loads(letter)
@@ -134,18 +146,21 @@ class _Topics:
             return
         for partition in range(self.partitions):
             published = self._stage2(partition, [(HEADER, RELEASE)], line)
+            self.ledger.extend(entry for _, entry in published.ledger)
             yield from (release for _, release in published.releases)
 
     def _stage1(self, partition: int, headers: list, value: bytes) -> Stage1Outcome:
         pstate = self.pstates[partition]
         record = InputRecord(partition, self._next("events", partition), headers, value)
         outcome = self.stage1.handle(pstate, self.users, record)
+        self.dead_letters.extend(outcome.dead_letters)
         self.stage1.done(pstate, record.offset)
         return outcome
 
     def _stage2(self, partition: int, headers: list | None, value: bytes) -> Stage2Outcome:
         record = InputRecord(partition, self._next("stage2", partition), headers, value)
         outcome = self.stage2.handle(record, self.states.get)
+        self.dead_letters.extend(outcome.dead_letters)
         self.states.update(outcome.states)
         return outcome
 

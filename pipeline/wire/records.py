@@ -41,7 +41,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 import orjson
@@ -513,6 +513,26 @@ def _set_nested(out: dict, path: list[str], x: object) -> None:
 # A dead letter keeps this much of the record it reports (for inspection; never logged).
 DEAD_LETTER_PAYLOAD_CHARS = 4096
 
+DEAD_LETTER_SCHEMA_VERSION = 1
+"""The shape of ``DeadLetterRecord``. Dead letters carry no ``schema_version`` field: one
+without is version 1 (a later shape will say its version)."""
+
+
+class DeadLetterRecord(TypedDict):
+    """A record of the dead-letter topic: why, where from (the rejected record's topic,
+    partition and offset, and its index in a batch or envelope), and a bounded prefix of
+    what. The payload is the user's data: the topic is the pipeline operators', never
+    granted to readers of the releases (``kafka.acls``)."""
+
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    index: int | None
+    payload: str
+    payload_truncated: bool
+    payload_encoding: NotRequired[Literal["base64"]]  # a binary payload (Avro, Protobuf)
+
 
 def dead_letter(
     reason: str,
@@ -533,7 +553,7 @@ def dead_letter(
     else:
         text = raw.decode("utf-8", errors="replace")
         truncated = len(text) > DEAD_LETTER_PAYLOAD_CHARS
-    record = {
+    record: DeadLetterRecord = {
         "reason": reason,
         "topic": topic,
         "partition": partition,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .changelog import BatchedTable
 from .exits import exit_now
 from .keys import PipelineKey
 from .ledger import signed
+from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,8 @@ class Stage1Agent:
     """Stage 1 over the events topic, one record at a time (``Stage1Driver.handle``): its
     partition state and user entries in ONE table, written to the changelog partition of
     the record being processed, in windows (``changelog.py`` says why a crash still loses
-    only what the per-record idempotence of ``Stage1.add_events`` repairs)."""
+    only what the per-record idempotence of ``Stage1.add_events`` repairs). What each
+    record did goes to the metrics once it is stored."""
 
     def __init__(
         self,
@@ -187,12 +190,14 @@ class Stage1Agent:
         topics: Topics,
         holes: HoleReader,
         dead: DeadLetters,
+        metrics: WorkerMetrics,
     ) -> None:
         self._driver = driver
         self._table = table
         self._topics = topics
         self._holes = holes
         self._dead = dead
+        self._metrics = metrics
 
     async def on_event(self, event: faust.EventT) -> None:
         await self.handle(input_record(event))
@@ -227,12 +232,15 @@ class Stage1Agent:
         await acknowledged(sent)
         self._driver.done(pstate, record.offset)
         self._table.for_partition(partition)[f"p:{partition}"] = pstate
+        closed = pstate["last_tick"] if outcome.reports else None
+        self._metrics.stage1_record(partition, outcome, closed)
 
 
 class Stage2Agent:
     """Stage 2 over the stage-2 topic, one record at a time (``Stage2Driver.handle``): each
     statistic's state in the ``stage2`` table (its JSON), the ledger entries signed with
-    the pipeline's key, releases and ledger entries stamped with their deadline."""
+    the pipeline's key, releases and ledger entries stamped with their deadline. What each
+    record did goes to the metrics once it is stored."""
 
     def __init__(
         self,
@@ -243,6 +251,7 @@ class Stage2Agent:
         topics: Topics,
         holes: HoleReader,
         dead: DeadLetters,
+        metrics: WorkerMetrics,
     ) -> None:
         self._cfg = cfg
         self._key = key
@@ -251,6 +260,7 @@ class Stage2Agent:
         self._topics = topics
         self._holes = holes
         self._dead = dead
+        self._metrics = metrics
 
     async def on_event(self, event: faust.EventT) -> None:
         await self.handle(input_record(event))
@@ -288,5 +298,7 @@ class Stage2Agent:
             sent.append(await releases.send(key=name.encode(), value=value, timestamp=stamp))
         sent += await self._dead.send(outcome.dead_letters, outcome.reasons)
         await acknowledged(sent)
+        acknowledged_at = time.time()
         for name, state in outcome.states.items():
             self._table[name] = state.to_json()
+        self._metrics.stage2_record(outcome, acknowledged_at)

@@ -22,6 +22,7 @@ from .changelog import WINDOW_BYTES, BatchedTable
 from .clock import PublicClock
 from .exits import exit_now
 from .keys import PipelineKey
+from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -49,27 +50,34 @@ def create_app(
     ingest: IngestHandle | None = None,
     runs: Mapping[str, StatisticRun] | None = None,
     replicas: int = 1,
+    metrics: WorkerMetrics | None = None,
 ) -> faust.App:
     """Build the worker's Faust app for one pipeline definition: ``key`` draws the noise
     and signs the ledger entries, ``runs`` are the statistics' runs the ledger states
     (``ledger.record_statement``), ``ingest`` is the worker's own ingest, watched: the
     worker stops when it does; ``replicas`` is the replication factor of topics Faust
-    would create (``topics.replication``; ``ensure_topics`` created them all)."""
+    would create (``topics.replication``; ``ensure_topics`` created them all); the agents
+    record into ``metrics`` (None: metrics of their own, which nothing serves)."""
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
     app = faust_app(cfg, bootstrap, datadir, replicas)
     topics = Topics.of(app, cfg)
     partitions = cfg.input.partitions
-    stage1_table = BatchedTable(app, app.Table("stage1", partitions=partitions, key_type=str))
+    metrics = metrics or WorkerMetrics(cfg)
+    stage1_table = BatchedTable(
+        app,
+        app.Table("stage1", partitions=partitions, key_type=str),
+        written=lambda records: metrics.changelog_written("stage1", records),
+    )
     stage1_table.install()
     stage2_table = app.Table("stage2", partitions=partitions, key_type=str)
     # Faust's recovery of these tables waits for the changelogs without a time limit.
     faust_compat.watch_recovery(app)
     holes = HoleReader(bootstrap, cfg.kafka, tools_group(cfg))
     dead = DeadLetters(topics.dead_letters)
-    stage1 = Stage1Agent(Stage1Driver(cfg), stage1_table, topics, holes, dead)
+    stage1 = Stage1Agent(Stage1Driver(cfg), stage1_table, topics, holes, dead, metrics)
     driver2 = Stage2Driver(cfg, key.noise, partitions, runs)
-    stage2 = Stage2Agent(cfg, key, driver2, stage2_table, topics, holes, dead)
+    stage2 = Stage2Agent(cfg, key, driver2, stage2_table, topics, holes, dead, metrics)
 
     @app.agent(topics.events, name="stage1")
     async def stage1_agent(stream: faust.StreamT) -> None:

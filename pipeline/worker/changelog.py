@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 import faust
@@ -116,12 +116,21 @@ class ChangelogWindow:
 
 
 class BatchedTable:
-    """A Faust table (memory store) whose changelog writes are sent in batches."""
+    """A Faust table (memory store) whose changelog writes are sent in batches;
+    ``written`` is told how many records each flush sent (the metrics')."""
 
-    def __init__(self, app: faust.App, table: Any, *, max_window_bytes: int = WINDOW_BYTES) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        table: Any,
+        *,
+        max_window_bytes: int = WINDOW_BYTES,
+        written: Callable[[int], None] | None = None,
+    ) -> None:
         self._app, self._table = app, table
         self._window = ChangelogWindow(max_window_bytes)
         self._lock = asyncio.Lock()
+        self._written = written
 
     def get(self, key: str, default: Any = None) -> Any:
         return memory_store(self._table)[0].get(key, default)
@@ -156,6 +165,8 @@ class BatchedTable:
                             "record batch (producer_max_batch_size < WINDOW_BYTES?)"
                         )
                 sent.append(await self._send(producer, batch, topic, partition))
+            if self._written is not None:
+                self._written(sum(len(entries) for _, entries in windows))
         if delivered and sent:
             # wait, not gather: cancelling this flush (the agent stopped at shutdown) must
             # not cancel the deliveries, whose callback would take that for a failure.

@@ -20,6 +20,16 @@ from dpstream.config.schema import PipelineConfig
 from ..wire.records import HEADER, RELEASE, TICK, encode_tick
 
 
+def last_ended_tick(now: float, interval: float) -> int:
+    """The latest tick that has ended at Unix time ``now``."""
+    return math.floor(now / interval) - 1
+
+
+def last_due_tick(now: float, interval: float, delay: float) -> int:
+    """The latest tick whose release deadline (its end plus ``delay``) has passed at ``now``."""
+    return math.floor((now - delay) / interval) - 1
+
+
 class PublicClock:
     """The markers written so far, by kind (None: none yet by this leader)."""
 
@@ -35,9 +45,8 @@ class PublicClock:
         """Write the markers of every tick that has ended, and of every deadline that has
         passed, since the last call."""
         now = time.time()
-        await self._write(self._events, TICK, math.floor(now / self._interval) - 1)
-        upto = math.floor((now - self._delay) / self._interval) - 1
-        await self._write(self._stage2, RELEASE, upto)
+        await self._write(self._events, TICK, last_ended_tick(now, self._interval))
+        await self._write(self._stage2, RELEASE, last_due_tick(now, self._interval, self._delay))
 
     async def _write(self, topic: faust.TopicT, kind: bytes, upto: int) -> None:
         last = self._last[kind]

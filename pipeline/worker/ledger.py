@@ -39,8 +39,9 @@ from confluent_kafka import KafkaException
 
 from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.operators import accounting
+from dpstream.statistics import releases
 from dpstream.statistics.identity import identity_parameters
-from dpstream.statistics.releases import LEDGER_SCHEMA_VERSION
+from dpstream.statistics.releases import RunIdentity
 
 from ..kafka.clients import make_producer, read_topic, tools_group
 from ..stages.stage2_state import StatisticRun
@@ -314,7 +315,7 @@ def _field(index: int, changed: list[str]) -> str:
 def statement_entry(cfg: PipelineConfig, plan: Plan, key: PipelineKey) -> dict[str, Any]:
     """The ledger record of a worker start, signed: the statement, each statistic's
     identity and run, the runs begun anew, the sources and the privacy unit."""
-    identities = {}
+    identities: dict[str, RunIdentity] = {}
     for stat in cfg.statistics:
         params = identity_parameters(stat, cfg)
         identities[stat.name] = {
@@ -322,15 +323,7 @@ def statement_entry(cfg: PipelineConfig, plan: Plan, key: PipelineKey) -> dict[s
             "parameters": params,
             "run_id": plan.runs[stat.name].run_id,
         }
-    entry = {
-        "schema_version": LEDGER_SCHEMA_VERSION,
-        "event": "statement",
-        **plan.statement.to_json(),
-        "identities": identities,
-        "new_runs": list(plan.new_runs),
-        "sources": sorted(cfg.input.topics),
-        "user_id_field": cfg.input.user_id_field,
-    }
+    entry = releases.statement_entry(cfg, plan.statement, identities, plan.new_runs)
     return signed(entry, cfg, key)
 
 

@@ -13,6 +13,8 @@ since each piece reaches past a public API:
   dpstream's changelog windows first.
 * ``recovery``: a watchdog on Faust's table recovery, which waits for changelog records
   without a time limit: stalled partitions are sought again, then the worker stops.
+* ``status``: what the health probes and metrics read: each new partition assignment,
+  and whether a rebalance or a table recovery is under way (and how long it took).
 
 Changing a version: run ``tests/pipeline/worker/test_faust_compat.py`` and the fault suite
 (``tests/integration/test_faults.py``), then update :data:`WRITTEN_FOR` and the pins.
@@ -26,6 +28,7 @@ from dpstream.operators.errors import DpStreamError
 
 from .internals import aiokafka_producer, memory_store, send_first_on_flush
 from .recovery import RecoveryWatchdog, watch_recovery
+from .status import TableStatus, on_assignment, table_status
 from .transport import SCHEME, register_transport
 
 __all__ = [
@@ -33,11 +36,14 @@ __all__ = [
     "WRITTEN_FOR",
     "FaustVersionError",
     "RecoveryWatchdog",
+    "TableStatus",
     "aiokafka_producer",
     "check_versions",
     "install",
     "memory_store",
+    "on_assignment",
     "send_first_on_flush",
+    "table_status",
     "watch_recovery",
 ]
 

@@ -18,6 +18,7 @@ from dpstream.pipeline.stages.stage2_state import Stage2State
 from dpstream.pipeline.wire.records import (
     ENVELOPE,
     HEADER,
+    RELEASE,
     TICK,
     BadRecord,
     Envelope,
@@ -83,7 +84,7 @@ def test_holes_redelivered_markers_and_dead_letters_through_one_record_at_a_time
     # ``handle`` is what the worker and replay both call with each record.
     driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
     first = driver.handle(pstate, users, InputRecord(0, 5, ENVELOPE_HEADERS, envelope(ON_0)))
-    assert first == Stage1Outcome()  # nothing processed yet: nothing skipped
+    assert first == Stage1Outcome(counted=1)  # nothing processed yet: nothing skipped
     driver.done(pstate, 5)
     marker = InputRecord(0, 6, [(HEADER, TICK)], b'{"tick": 3}')
     assert driver.handle(pstate, users, dataclasses.replace(marker, offset=9)).hole == (6, 9)
@@ -372,3 +373,43 @@ def test_a_report_of_a_removed_statistic_is_skipped_and_logged_once(caplog):
         driver.on_report(sstate, Report("events", partition, 4, 4, {"w": 1}), 9)
     releases, _ = driver.on_release(sstate, 4)
     assert [r["value"] for r in releases] == [2]
+
+
+def test_stage1_says_how_many_events_it_counted_each_once():
+    # What the worker's metrics count as stage 1's events in (docs/operations.md).
+    driver, pstate, users = Stage1Driver(CFG), new_partition_state(), {}
+
+    def counted(offset: int, value: bytes) -> int:
+        out = driver.handle(pstate, users, InputRecord(0, offset, ENVELOPE_HEADERS, value))
+        driver.done(pstate, offset)
+        return out.counted
+
+    assert counted(1, envelope(ON_0, ON_0, ON_0, source="s/3", first=10)) == 3  # tau cuts later
+    assert counted(1, envelope(ON_0, ON_0, ON_0, source="s/3", first=10)) == 0  # re-delivered
+    # An ingest's re-send from its committed offset: only 13 is new.
+    assert counted(2, envelope(ON_0, ON_0, ON_0, source="s/3", first=11)) == 1
+    # An event of the other partition's user is refused (dead-lettered), not counted.
+    assert counted(3, envelope(ON_1, ALSO_ON_0, source="s/4")) == 1
+    assert counted(4, b"not an envelope") == 0
+
+
+def test_a_release_marker_says_up_to_which_tick_each_statistic_is_published():
+    driver, sstate = Stage2Driver(CFG, ZeroNoise(), 2), Stage2.new_state()
+    (partition,) = [p for p in (0, 1) if driver.statistics_of(p)]
+
+    def marker(tick: int) -> dict[str, int]:
+        value = orjson.dumps({"tick": tick})
+        record = InputRecord(partition, tick, [(HEADER, RELEASE)], value)
+        return driver.handle(record, lambda name: sstate).published
+
+    nothing = InputRecord(partition, 0, [(HEADER, RELEASE)], b'{"tick": 3}')
+    assert driver.handle(nothing, lambda name: None).published == {}  # no state: no tick
+    for offset, report in enumerate(
+        [Report("events", 0, 4, 4, {"w": 1}), Report("events", 1, 4, 4, {"w": 1})]
+        + [Report("events", 0, 5, 5, {"w": 1})]
+    ):
+        driver.on_report(sstate, report, offset)
+    assert marker(3) == {"events": 3}  # nothing closed above 3 was due
+    assert marker(5) == {"events": 4}  # tick 5 waits for partition 1: published up to 4
+    driver.on_report(sstate, Report("events", 1, 5, 5, {"w": 1}), 3)
+    assert marker(6) == {"events": 5}

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 CLI = [sys.executable, "-m", "dpstream.pipeline.tools.cli"]
@@ -232,3 +233,26 @@ def test_check_config_refuses_a_filter_no_event_could_match_naming_it(tmp_path):
     counted = {**SHOP["statistics"][0], "value_field": "amount"}
     out = run("check-config", write(tmp_path, {**SHOP, "statistics": [counted]}))
     assert "statistics[0].value_field: kind count takes no value" in out.stderr
+
+
+def test_metrics_endpoint_from_the_config_and_the_flags():
+    from dpstream.config.schema import ConfigError, parse_config
+    from dpstream.pipeline.tools.cli import build_parser, metrics_endpoint
+
+    base = {"privacy": {"total_epsilon": 1.0}, "statistics": [{"name": "n", "epsilon": 1.0}]}
+    off = parse_config(base)
+    on = parse_config({**base, "metrics": {"enabled": True, "host": "0.0.0.0", "port": 9000}})
+    assert metrics_endpoint(off, None) is None  # off by default
+    assert metrics_endpoint(on, None) == ("0.0.0.0", 9000)
+    # --metrics-port turns it on and overrides the port (several workers on one host).
+    assert metrics_endpoint(off, 9465) == ("127.0.0.1", 9465)
+    assert metrics_endpoint(on, 9465) == ("0.0.0.0", 9465)
+    assert metrics_endpoint(on, None, off=True) is None
+    with pytest.raises(ConfigError, match="--metrics-port"):
+        metrics_endpoint(off, 70000)
+    args = build_parser().parse_args(["worker", "--config", "c.yaml", "--metrics-port", "9470"])
+    assert (args.metrics_port, args.no_metrics) == (9470, False)
+    with pytest.raises(SystemExit):  # one or the other
+        build_parser().parse_args(
+            ["worker", "--config", "c", "--metrics-port", "1", "--no-metrics"]
+        )
