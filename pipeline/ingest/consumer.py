@@ -203,6 +203,8 @@ class Ingest:
         self.records = 0  # source records read so far
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
+        # Per statistic: values clipped, rule failures on events others counted (exact).
+        self.by_statistic: Counter[str] = Counter()
         self.assignments = 0  # partition assignments received so far
 
     def run(self, stop: Any, parent: int | None = None) -> None:
@@ -228,6 +230,9 @@ class Ingest:
         log.info("ingest lag by source partition: %s", lag)
         if self.rejected:
             log.warning("dead-lettered records so far by reason: %s", dict(self.rejected))
+        if self.by_statistic:
+            # Exact counts of the users' values (docs/security.md, section 5): operators'.
+            log.info("per statistic so far: %s", dict(sorted(self.by_statistic.items())))
 
     def report(self) -> IngestReport:
         """What this ingest has done so far, and its lag."""
@@ -270,6 +275,7 @@ class Ingest:
         self.records += len(records)
         self.events += routed.events
         self.rejected.update(routed.reasons)
+        self.by_statistic.update(routed.tally)
         return len(records)
 
     def _pause(self, records: list[SourceRecord], why: RegistryUnavailable) -> None:
