@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -17,7 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dpstream.operators import accounting
 from dpstream.operators.accounting import PrivacyStatement, StatementError, StatisticTerms
@@ -504,6 +515,35 @@ def _only(field: str, kinds: list[str], kind: str) -> str:
     return f"{field}: only applies to {which}, not {kind}"
 
 
+FilterScalar = StrictStr | StrictBool | StrictInt | StrictFloat  # a JSON scalar, as written
+
+
+def _check_condition(stat: StatisticConfig, path: str, wanted: Sequence[object]) -> None:
+    """One ``where`` field: a dotted path, values some event could hold there."""
+    name = f"where.{path}"
+    if any(not part for part in path.split(".")):
+        raise ValueError(f"{name}: must be a field name or a dotted path of field names")
+    if not wanted:
+        raise ValueError(f"{name}: an empty list matches no event")
+    # A field compared with a value holds no fields of its own: a filter or value field
+    # below it could never be met.
+    read = [*(stat.where or {}), stat.value_field or "value"]
+    below = [p for p in read if p.startswith(path + ".")]
+    if below:
+        raise ValueError(
+            f"{name}: {below[0]} is read below it, but it is compared with a value: "
+            "no event could match"
+        )
+    if path == (stat.value_field or "value") and KINDS[stat.kind].needs_value:
+        text = [w for w in wanted if type(w) not in (int, float)]
+        if text:
+            raise ValueError(
+                f"{name}: the statistic's own value field holds numbers; {text[0]!r} never matches"
+            )
+    if path == "key" and stat.key is not None and stat.key not in wanted:
+        raise ValueError(f"{name}: contradicts key: {stat.key}; no event could match both")
+
+
 def _check_interval(lower: float, upper: float) -> None:
     """A value range [lower, upper] of a mean: finite, and not empty."""
     for name, bound in (("lower", lower), ("upper", upper)):
@@ -726,7 +766,12 @@ class StatisticConfig(_Model):
     theta: float = Field(1.0, gt=0, le=4)
     practical: bool = True  # tracker starts at tau = 64 with the shifted series (App. C-A)
     practical_instances: bool = False  # the shifted series for the instances too
-    max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R
+    max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R (values in [0, R], tau in units)
+    # sum: real values clipped into [lower, upper] and snapped to a grid of ``resolution``
+    # units over that range (the mean's words); a fixed tau then counts a user's events.
+    lower: float | None = None
+    upper: float | None = None
+    resolution: int | None = Field(None, ge=1, le=1 << 30)
     bins: int | None = Field(None, ge=1, le=4096)  # histogram, kselect: R
     rank: Literal["max", "median"] | int | None = None  # kselect
     # kselect: threshold k + Delta/2 (Dong-Luo-Yi, Appendix C-A) instead of k + Delta.
@@ -753,8 +798,36 @@ class StatisticConfig(_Model):
     cells: CellConfig | None = None
     # Count only events whose ``key`` equals this; None counts every event.
     key: str | None = None
+    # The event field holding its value, a dotted path for a nested field (None: "value");
+    # a histogram's or kselect's bin, a distinct count's item.
+    value_field: str | None = None
+    # Which events it counts: {field: value} (equality) or {field: [values]} (one of
+    # them), fields ANDed, dotted paths for nested fields; beside ``key``, if given.
+    where: dict[str, FilterScalar | list[FilterScalar]] | None = None
 
     _name = field_validator("name")(_identifier)
+
+    @field_validator("value_field")
+    @classmethod
+    def _value_field(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(not part for part in v.split("."))):
+            raise ValueError("must be a field name or a dotted path of field names")
+        return None if v == "value" else v  # the default, spelled out: the same statistic
+
+    @model_validator(mode="after")
+    def _fields(self) -> StatisticConfig:
+        """What it reads of an event: a value where its kind takes one, and a filter that
+        some event could match."""
+        if self.value_field is not None and not KINDS[self.kind].needs_value:
+            raise ValueError(f"value_field: kind {self.kind} takes no value")
+        where = self.where
+        if where is None:
+            return self
+        if not where:
+            raise ValueError("where: an empty filter; leave it out to count every event")
+        for path, wanted in where.items():
+            _check_condition(self, path, wanted if isinstance(wanted, list) else [wanted])
+        return self
 
     @field_validator("epsilon")
     @classmethod
@@ -799,10 +872,18 @@ class StatisticConfig(_Model):
                 )
         if self.cells is not None:
             self._check_cells(self.cells)
+        self._check_sum_grid()
         for field in ("max_value", "bins"):
             owners = [k for k, p in KINDS.items() if p.values == field]
+            if field == "max_value" and self.upper is not None:
+                continue  # a sum on a grid (_check_sum_grid)
             if params.values == field and getattr(self, field) is None:
-                raise ValueError(f"{field}: required for kind {kind} (values are integers 1..R)")
+                grid = (
+                    " or upper and resolution (real values on a grid)"
+                    if field == "max_value"
+                    else ""
+                )
+                raise ValueError(f"{field}: required for kind {kind} (values 1..R){grid}")
             if params.values != field and getattr(self, field) is not None:
                 raise ValueError(_only(field, owners, kind))
         ranked = _kinds_with(lambda p: p.rank)
@@ -834,6 +915,40 @@ class StatisticConfig(_Model):
             # Distinct count with deletions is open (Dong-Luo-Yi Sec. VI).
             raise ValueError(f"deletions: not supported for kind {kind}")
         return self
+
+    def _check_sum_grid(self) -> None:
+        """``lower``/``upper``/``resolution``: a sum's real values on a grid; with tau:
+        auto never below 0 (Alg. 5 ranks users by non-negative contributions)."""
+        owners = _kinds_with(lambda p: p.values == "max_value")
+        given = [f for f in ("lower", "upper", "resolution") if getattr(self, f) is not None]
+        if not given:
+            return
+        if KINDS[self.kind].values != "max_value":
+            raise ValueError(_only(given[0], owners, self.kind))
+        if self.max_value is not None:
+            raise ValueError(f"{given[0]}: give either max_value or lower/upper/resolution")
+        if self.upper is None:
+            raise ValueError("upper: required with lower or resolution (a sum's values' bound)")
+        if self.resolution is None:
+            raise ValueError(
+                "resolution: required with upper (grid units per (upper - lower): "
+                "20000 for a 0.01 grid over [0, 200])"
+            )
+        lower = self.value_bounds[0]
+        _check_interval(lower, self.upper)
+        if lower < 0 and self.user_level:
+            raise ValueError(
+                "lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by non-negative "
+                "contributions; a negative lower needs a fixed tau"
+            )
+
+    @property
+    def value_bounds(self) -> tuple[float, float]:
+        """A sum's declared value range: [lower (default 0), upper], or [0, max_value]."""
+        if self.upper is not None:
+            return (0.0 if self.lower is None else self.lower), self.upper
+        assert self.max_value is not None
+        return 0.0, float(self.max_value)
 
     def _check_cells(self, cells: CellConfig) -> None:
         if cells.epoch_cap < self.epsilon:

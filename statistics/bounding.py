@@ -13,17 +13,25 @@ definition. The weights' keys are built by ``weights.py``.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from fractions import Fraction
+from typing import Any, ClassVar
 
 import numpy as np
 
+from dpstream.config.schema import StatisticConfig
+from dpstream.operators.noise import snapping
+from dpstream.operators.noise.post_processing import Shown
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import truncation
 
 from .events import Batch, Event
 from .weights import DELETES, INSERTS, KEPT_UNITS, band_key, crossing_key
+
+Views = dict[str, tuple[np.ndarray, np.ndarray]]
+"""Per statistic name: (the rows of a batch it selects, its value column)."""
 
 
 def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
@@ -31,11 +39,41 @@ def add_weights(into: dict[str, int], weights: dict[str, int]) -> None:
         into[key] = into.get(key, 0) + value
 
 
-def clamped_units(value: float, bound: int) -> int:
-    """int(value) in [0, R]: values become units or columns within the declared bound,
-    whatever reached stage 1 (the checks keep out-of-range values from reaching it: this
-    is the bound where it is used)."""
-    return min(max(int(value), 0), bound)
+def clamped_units(value: float, low: int, bound: int) -> int:
+    """``value`` clipped into [low, R], then the nearest integer (ties upward): values
+    become units or columns within the declared bound (the ingest counts the clipped ones,
+    ``records.parse_event``). Clipped first, so ``value + 0.5`` is exact for R < 2^52: the
+    same value gives the same units on every machine."""
+    return math.floor(min(max(value, low), bound) + 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class ValueGrid:
+    """A sum's real values: clipped into [lower, upper] and snapped to whole units of the
+    public grid step g = (upper - lower) / resolution (``operators.noise.snapping``: exact,
+    ties upward), so the tree counts integers and the release is units * g."""
+
+    lower: float
+    upper: float
+    grid: snapping.Grid
+
+    def units(self, value: float) -> int:
+        return snapping.to_units(self.grid, min(max(value, self.lower), self.upper))
+
+    @property
+    def bound(self) -> int:
+        """The most grid units one event moves the sum: max(|lower|, |upper|) in units."""
+        return max(abs(self.units(self.lower)), abs(self.units(self.upper)))
+
+
+def value_grid(stat: StatisticConfig) -> ValueGrid | None:
+    """The grid of a sum given ``lower``/``upper``/``resolution``; None for any other
+    statistic (a ``max_value`` sum counts whole units)."""
+    if stat.upper is None or stat.resolution is None:
+        return None
+    lower, upper = stat.value_bounds
+    step = (Fraction(repr(upper)) - Fraction(repr(lower))) / stat.resolution  # as written
+    return ValueGrid(lower, upper, snapping.make_grid(step))
 
 
 def rank_band_weights(stream: str, used: int, units: int, column: int) -> dict[str, int]:
@@ -62,9 +100,17 @@ class UnitBounding(ABC):
     # Counted a whole batch at a time by ``UnitColumns`` (a ``ColumnarBounding``).
     columnar: ClassVar[bool] = False
 
+    @property
+    def needs_value(self) -> bool:
+        """Whether it counts only events with a value (the others are its rule failures,
+        ``events.ValueRule``: counted by the statistics that can use them)."""
+        return True
+
     def stream(self, event: Event) -> str | None:
         """``INSERTS`` or ``DELETES``: the stream of ``event`` if this statistic counts it."""
         if self.key is not None and event.key != self.key:
+            return None
+        if event.value is None and self.needs_value:
             return None
         if event.delete:
             return DELETES if self.deletions else None
@@ -108,21 +154,60 @@ class ColumnarBounding(UnitBounding):
 
     columnar: ClassVar[bool] = True
 
+    @property
+    def needs_value(self) -> bool:
+        return self.max_value is not None
+
     def units_of(self, value: float | None) -> int:
-        return 1 if self.max_value is None else clamped_units(value or 0.0, self.max_value)
+        return 1 if self.max_value is None else clamped_units(value or 0.0, 0, self.max_value)
 
     def units_column(self, values: np.ndarray) -> np.ndarray:
         """``units_of`` over a value column (NaN: no value), as int64."""
         if self.max_value is None:
             return np.ones(len(values), dtype=np.int64)
-        # fmax first: NaN (no value) and negatives become 0, then at most R.
-        return np.fmin(np.fmax(values, 0.0), self.max_value).astype(np.int64)
+        # fmax first: NaN (no value) and negatives become 0, then at most R; R < 2^52, so
+        # + 0.5 is exact (``clamped_units``).
+        return np.floor(np.fmin(np.fmax(values, 0.0), self.max_value) + 0.5).astype(np.int64)
 
     def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
         units = self.units_of(event.value)
         if self.fixed is not None and stream == INSERTS:
             kept = truncation.admit(self.fixed, used, units)
             return units, ({KEPT_UNITS: kept} if kept else {})
+        return units, rank_band_weights(stream, used, units, 0)
+
+
+def grid_fields(grid: ValueGrid, seen: Shown, std: float, unbiased: int) -> dict[str, Any]:
+    """A grid sum's release in the user's units (post-processing of the noisy units): the
+    shown value, its std, its interval and the unbiased estimate times the grid step, which
+    the release states."""
+    step = float(grid.grid.step)
+    low, high = seen.interval
+    return {
+        "value": snapping.from_units(grid.grid, seen.value),
+        "std": std * step,
+        "interval": [low * step, high * step],
+        "unbiased": snapping.from_units(grid.grid, unbiased),
+        "grid_step": step,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class GridSumBounding(UnitBounding):
+    """A sum of real values on a grid (``ValueGrid``), an event at a time: each event's
+    clipped value in grid units. With a fixed tau (``tau``) a user's first tau events are
+    kept (Dong-Luo-Yi Alg. 3 over events: the sensitivity is tau times ``grid.bound``, and
+    values may be negative); with tau: auto (``tau`` None) the units go by rank band
+    (Alg. 5, which needs them non-negative: the config refuses a negative lower)."""
+
+    grid: ValueGrid | None = None
+    tau: int | None = None
+
+    def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
+        assert self.grid is not None and event.value is not None  # ``stream`` checked it
+        units = self.grid.units(event.value)
+        if self.tau is not None:
+            return 1, ({KEPT_UNITS: units} if units and used < self.tau else {})
         return units, rank_band_weights(stream, used, units, 0)
 
 
@@ -171,9 +256,12 @@ class UnitColumns:
                 self.slots.append((stat.name + "/-", stat, DELETES))
         self.names = [slot for slot, _, _ in self.slots]
 
-    def units(self, batch: Batch, rows: np.ndarray, users: int) -> np.ndarray:
+    def units(
+        self, batch: Batch, rows: np.ndarray, users: int, views: Views | None = None
+    ) -> np.ndarray:
         """(users x slots) int64: each user's units per slot in ``batch`` (``rows``: the
-        user of each event, 0 .. users - 1)."""
+        user of each event, 0 .. users - 1). ``views``: for a statistic with a ``where`` or
+        a ``value_field``, (the rows it selects, its values), by name."""
         out = np.zeros((users, len(self.slots)), dtype=np.int64)
         for column, (_, stat, stream) in enumerate(self.slots):
             mask = batch.delete if stream == DELETES else ~batch.delete
@@ -181,8 +269,12 @@ class UnitColumns:
                 if stat.key not in batch.keys:
                     continue
                 mask = mask & (batch.key == batch.keys.index(stat.key))
+            values = batch.value
+            view = None if views is None else views.get(stat.name)
+            if view is not None:
+                mask, values = mask & view[0], view[1]
             if stat.max_value is not None:  # a sum: int(value) in [0, R], as the definition
-                weights = stat.units_column(batch.value[mask]).astype(np.float64)
+                weights = stat.units_column(values[mask]).astype(np.float64)
                 totals = np.bincount(rows[mask], weights=weights, minlength=users)
                 out[:, column] = totals.astype(np.int64)
             else:

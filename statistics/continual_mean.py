@@ -87,7 +87,11 @@ class ContinualMeanStatistic:
         return cls(stat.name, stat.key, spec)
 
     def counts(self, event: Event) -> bool:
-        return not event.delete and (self.key is None or event.key == self.key)
+        return (
+            not event.delete
+            and (self.key is None or event.key == self.key)
+            and event.value is not None  # else its rule failure: others may count it
+        )
 
     def _partition(self, pstate: Any, partition: int) -> continual_mean.PartitionState:
         if pstate is None:

@@ -9,6 +9,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+Scalar = str | int | float | bool
+"""A JSON scalar: what a ``where`` compares and a ``value_field`` holds."""
+
 
 class Event(NamedTuple):
     """A validated event. A tuple: built once per event on the hot path, where a frozen
@@ -20,6 +23,9 @@ class Event(NamedTuple):
     delete: bool = False
     # (attribute, cell key) for each configured cell attribute the event carries.
     cells: tuple[tuple[str, str], ...] = ()
+    # (dotted path, JSON scalar) for each field a statistic reads by path (its
+    # ``value_field``, its ``where`` fields) that the event carries.
+    attrs: tuple[tuple[str, Scalar], ...] = ()
 
     def cell(self, field: str) -> str | None:
         """The event's cell key in attribute ``field`` (None: it has none)."""
@@ -28,18 +34,55 @@ class Event(NamedTuple):
                 return value
         return None
 
+    def attr(self, path: str) -> Scalar | None:
+        """The event's field at dotted ``path`` (None: it has none)."""
+        for name, value in self.attrs:
+            if name == path:
+                return value
+        return None
+
+
+Where = tuple[tuple[str, frozenset[tuple[str, object]]], ...]
+"""A statistic's filter: (dotted path, the values it accepts as ``scalar_tag``s) per
+field, sorted by path; an event matches when each field holds one of its values."""
+
+
+def scalar_tag(value: object) -> tuple[str, object] | None:
+    """How a filter compares a scalar: by kind and value, numbers as floats (1 == 1.0),
+    booleans apart from numbers (true is not 1); None for anything else."""
+    kind = type(value)
+    if kind is str:
+        return ("s", value)
+    if kind is bool:
+        return ("b", value)
+    if kind is int or kind is float:
+        return ("n", float(value))  # type: ignore[arg-type]
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class ValueRule:
-    """What a statistic needs of the ``value`` of the events it counts."""
+    """What a statistic needs of the events it counts. An event it selects (by ``key``
+    and op) but cannot use (no value where it needs one, no cell key, a cell key outside
+    the domain) is its rule failure: the statistic skips the event and the others that
+    select it still count it (it is dead-lettered only when none can use it). A value
+    outside ``bounds`` is clipped into them by the kind (and counted), never refused."""
 
     statistic: str
     key: str | None  # the events it counts: this key, or every event when None
     needs_value: bool
-    max_value: int | None  # an integer in [1, max_value]; None: any finite number
+    # A sum's R (values in [0, R]) or bins (values in [1, R]); kept apart from ``bounds``
+    # for the rules fingerprint, which it has always been part of.
+    max_value: int | None
     deletions: bool  # it counts "op": "delete" events (as its deletion stream)
     cell_field: str | None = None  # cell_mean: the attribute holding the cell key
     cell_keys: frozenset[str] | None = None  # cell_mean: the public cell domain, if any
+    # [lower, upper] its values are clipped into; None: any finite value is used as is.
+    bounds: tuple[float, float] | None = None
+    # Where its value is (a dotted path; None: the event's "value") and which events it
+    # selects beyond ``key`` (None: all).
+    value_path: str | None = None
+    where: Where | None = None
 
 
 NO_VALUE = float("nan")  # a value column's "no value" (events' values are finite)
@@ -58,6 +101,7 @@ class Batch:
     value: np.ndarray  # float64 per event
     delete: np.ndarray  # bool per event
     cells: tuple[tuple[str, list[str | None]], ...] = ()  # (attribute, key per event)
+    attrs: tuple[tuple[str, list[Scalar | None]], ...] = ()  # (path, field per event)
 
     def __len__(self) -> int:
         return len(self.user)
@@ -67,7 +111,7 @@ class Batch:
 
     def events(self, rows: Iterable[int]) -> list[Event]:
         """The ``Event``s of these rows, in row order."""
-        user_ids, keys, cells = self.user_ids, self.keys, self.cells
+        user_ids, keys, cells, attrs = self.user_ids, self.keys, self.cells, self.attrs
         user, key, delete = self.user.tolist(), self.key.tolist(), self.delete.tolist()
         value = [None if v != v else v for v in self.value.tolist()]  # NaN: no value
         return [
@@ -77,6 +121,7 @@ class Batch:
                 value[i],
                 delete[i],
                 tuple((a, cell) for a, column in cells if (cell := column[i]) is not None),
+                tuple((p, x) for p, column in attrs if (x := column[i]) is not None),
             )
             for i in rows
         ]
@@ -99,6 +144,7 @@ class Batch:
     def tail(self, start: int) -> Batch:
         """The events from row ``start`` on."""
         cells = tuple((a, column[start:]) for a, column in self.cells)
+        attrs = tuple((p, column[start:]) for p, column in self.attrs)
         return Batch(
             self.user_ids,
             self.user[start:],
@@ -107,13 +153,17 @@ class Batch:
             self.value[start:],
             self.delete[start:],
             cells,
+            attrs,
         )
 
     def take(self, keep: np.ndarray) -> Batch:
         """The events of the rows where ``keep`` (bool per event) is true."""
+        kept = keep.tolist()
         cells = tuple(
-            (a, [c for c, k in zip(column, keep.tolist(), strict=True) if k])
-            for a, column in self.cells
+            (a, [c for c, k in zip(column, kept, strict=True) if k]) for a, column in self.cells
+        )
+        attrs = tuple(
+            (p, [x for x, k in zip(column, kept, strict=True) if k]) for p, column in self.attrs
         )
         return Batch(
             self.user_ids,
@@ -123,6 +173,7 @@ class Batch:
             self.value[keep],
             self.delete[keep],
             cells,
+            attrs,
         )
 
     @classmethod
@@ -135,7 +186,8 @@ class Batch:
         key_index: dict[str | None, int] = {None: -1}
         user = [user_index.setdefault(e.user_id, len(user_index)) for e in events]
         key = [key_index.setdefault(e.key, len(key_index) - 1) for e in events]
-        attrs = sorted({a for e in events for a, _ in e.cells})
+        cell_fields = sorted({a for e in events for a, _ in e.cells})
+        paths = sorted({p for e in events for p, _ in e.attrs})
         return cls(
             list(user_index),
             np.array(user, dtype=np.int64),
@@ -143,5 +195,6 @@ class Batch:
             np.array(key, dtype=np.int64),
             np.array([NO_VALUE if e.value is None else e.value for e in events], np.float64),
             np.array([e.delete for e in events], dtype=bool),
-            tuple((a, [e.cell(a) for e in events]) for a in attrs),
+            tuple((a, [e.cell(a) for e in events]) for a in cell_fields),
+            tuple((p, [e.attr(p) for e in events]) for p in paths),
         )

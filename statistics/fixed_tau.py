@@ -28,7 +28,7 @@ from dpstream.operators.noise import NoiseSource, Shown, TreeRelease, interval, 
 from dpstream.operators.trees import expiring_tree, kary_tree, tree_counter
 from dpstream.operators.user_level import truncation
 
-from .bounding import ColumnarBounding
+from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
 from .contract import Accuracy, Step, WeightsStage2
 from .releases import CounterFields
 from .weights import KEPT_UNITS
@@ -48,17 +48,22 @@ def shown_state(state_json: Any) -> tuple[Any, Any]:
 
 def least_value(stat: StatisticConfig) -> int | None:
     """The least value a release of ``stat`` can be about: 0 for counts, for sums of
-    ``max_value`` values (integers in [1, R]) and for histograms' bins, without deletions;
-    None (no floor) where the truncated insertions minus the truncated deletions can be
-    negative and for sums whose values the config bounds otherwise."""
-    if stat.deletions or (KINDS[stat.kind].values == "max_value" and stat.max_value is None):
+    ``max_value`` values (integers in [1, R]), for sums on a grid whose ``lower`` is not
+    negative and for histograms' bins, without deletions; None (no floor) where the
+    truncated insertions minus the truncated deletions can be negative and for sums whose
+    values may be negative."""
+    if stat.deletions:
         return None
+    if KINDS[stat.kind].values == "max_value" and stat.max_value is None:
+        return 0 if stat.value_bounds[0] >= 0 else None  # a sum on a grid
     return 0
 
 
 def unit_of(stat: StatisticConfig) -> str:
     """What a release of ``stat`` counts (check-config's plan)."""
-    return "events" if stat.max_value is None else "units of value"
+    if KINDS[stat.kind].values != "max_value":
+        return "events"
+    return "units of value" if stat.max_value is not None else "the value's own units"
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class FixedTauStatistic(WeightsStage2):
 
     name: str
     tau: int
-    bounding: ColumnarBounding
+    bounding: UnitBounding
     mechanism: str  # the releases' "mechanism" field
     module: ModuleType
     spec: Any
@@ -96,6 +101,7 @@ class FixedTauStatistic(WeightsStage2):
         weight = (pending or {}).get(KEPT_UNITS, 0)
         state, rel = self.module.step(self.spec, state, weight, noise)
         seen = shown(previous, rel, self.floor, self.noisy)
+        grid = self.bounding.grid if isinstance(self.bounding, GridSumBounding) else None
         fields = {
             "step": rel.t,
             "value": seen.value,
@@ -104,18 +110,23 @@ class FixedTauStatistic(WeightsStage2):
             "unbiased": rel.value,
             "tau": self.tau,
         }
+        if grid is not None:
+            fields.update(grid_fields(grid, seen, rel.std, rel.value))
         return Step({"operator": state_codec.to_json(state), "shown": seen.value}, (fields,))
 
     def accuracy(self, ticks: Sequence[int]) -> Accuracy:
         last = self.lifetime_steps
+        grid = self.bounding.grid if isinstance(self.bounding, GridSumBounding) else None
+        step = 1.0 if grid is None else float(grid.grid.step)  # a grid sum's std in its units
         stds = tuple(
-            None if last is not None and t > last else float(self.module.std(self.spec, t))
+            None if last is not None and t > last else float(self.module.std(self.spec, t)) * step
             for t in ticks
         )
-        covers = (
-            f"the truncated value: each user's first {self.tau} {self.unit} (the true value "
-            "can only be larger)"
-        )
+        if grid is None:
+            kept = f"each user's first {self.tau} {self.unit} (the true value can only be larger)"
+        else:
+            kept = f"each user's first {self.tau} events, each value clipped into its bounds"
+        covers = f"the truncated value: {kept}"
         return Accuracy(self.unit, (("release", stds),), covers)
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +151,9 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> FixedTauStatis
     """The tree counter of ``stat`` over the kept units; under ``any_subset`` each leaf's
     sensitivity doubles (``accounting.sensitivity_multiplier``)."""
     multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
-    counter = counter_for(stat, multiplier * stat.fixed_tau)
+    grid = value_grid(stat)
+    # A sum on a grid keeps a user's first tau events, each at most grid.bound units.
+    counter = counter_for(stat, multiplier * stat.fixed_tau * (1 if grid is None else grid.bound))
     return replace(
         counter,
         floor=least_value(stat),
@@ -153,13 +166,18 @@ def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> F
     """The counter of ``stat`` whose leaves have per-level L1 sensitivity ``sensitivity``."""
     epsilon = Fraction(repr(stat.epsilon))  # the decimal the user wrote
     prefix = (stat.name, instance)
-    bounding = ColumnarBounding(
-        stat.name,
-        stat.key,
-        stat.deletions,
-        fixed=truncation.make_truncation(stat.fixed_tau),
-        max_value=stat.max_value,
-    )
+    grid = value_grid(stat)
+    bounding: UnitBounding
+    if grid is not None:
+        bounding = GridSumBounding(stat.name, stat.key, False, grid=grid, tau=stat.fixed_tau)
+    else:
+        bounding = ColumnarBounding(
+            stat.name,
+            stat.key,
+            stat.deletions,
+            fixed=truncation.make_truncation(stat.fixed_tau),
+            max_value=stat.max_value,
+        )
     common = (stat.name, stat.fixed_tau, bounding)
     mechanism, k = stat.mechanism, stat.k
     if mechanism == "auto":

@@ -40,12 +40,13 @@ RELEASE_FIELDS = HistogramFields
 @dataclass(frozen=True, slots=True)
 class HistogramBounding(UnitBounding):
     """Each event is one unit of its user, in the column of its value: rank bands per bin
-    (Dong-Luo-Yi Alg. 5); values are clamped to [1, R] where they become columns."""
+    (Dong-Luo-Yi Alg. 5); values are clipped into [1, R] and rounded to the nearest bin."""
 
     bins: int = 1
 
     def contribution(self, stream: str, used: int, event: Event) -> tuple[int, dict[str, int]]:
-        column = max(clamped_units(event.value or 0.0, self.bins) - 1, 0)
+        assert event.value is not None  # ``stream`` checked it
+        column = clamped_units(event.value, 1, self.bins) - 1
         return 1, rank_band_weights(stream, used, 1, column)
 
 

@@ -28,7 +28,7 @@ def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str,
     stat = resolved(stat)
     return {
         "app_id": cfg.app_id,
-        "statistic": stat.model_dump(mode="json", by_alias=True),
+        "statistic": _definition(stat),
         "neighbours": cfg.privacy.neighbours.value,
         "public_counts": cfg.privacy.public_counts,
         "interval_seconds": cfg.ticks.interval_seconds,
@@ -37,6 +37,20 @@ def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str,
         **identity(stat, cfg),
         "noise_sampler": discrete_laplace.VERSION,
     }
+
+
+# Fields added to a statistic's config after statistics ran: left out of its definition
+# while unset, so a statistic that does not use them keeps its fingerprint (and its ledger
+# entries, its state and its noise).
+LATER_FIELDS = ("lower", "upper", "resolution", "value_field", "where")
+
+
+def _definition(stat: StatisticConfig) -> dict[str, object]:
+    definition = stat.model_dump(mode="json", by_alias=True)
+    for name in LATER_FIELDS:
+        if definition[name] is None:
+            del definition[name]
+    return definition
 
 
 def fingerprint(stat: StatisticConfig, cfg: PipelineConfig) -> str:

@@ -40,7 +40,7 @@ from . import (
     whole_user_mean,
 )
 from .contract import Statistic
-from .events import ValueRule
+from .events import ValueRule, Where, scalar_tag
 
 # What every kind's module has (``contract.KindModule``).
 KIND_FUNCTIONS = ("make_statistic", "describe", "identity")
@@ -205,12 +205,21 @@ def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
 
 
 def value_rule(stat: StatisticConfig) -> ValueRule:
-    """What ``stat`` needs of the value of the events it counts: count ignores values;
-    distinct needs one; sum, histogram and kselect an integer in 1..R (R: max_value or
-    bins, which the schema allows only for them); mean and cell_mean any finite number
-    (clipped by the mechanism), and cell_mean the cell attribute (in ``cells.keys`` when
-    that is given)."""
-    cells = stat.cells
+    """What ``stat`` needs of the events it counts: count ignores values; the other kinds
+    need a finite one, clipped into their bounds (a sum's [lower, upper] or [0, max_value],
+    a histogram's or kselect's bins [1, R], a mean's or cell mean's [lower, upper]); a
+    distinct count uses values as they are; cell_mean needs the cell attribute (in
+    ``cells.keys`` when that is given)."""
+    cells, mean = stat.cells, stat.mean
+    bounds: tuple[float, float] | None = None
+    if stat.bins is not None:
+        bounds = (1.0, float(stat.bins))
+    elif stat.max_value is not None or stat.upper is not None:
+        bounds = stat.value_bounds
+    elif mean is not None:
+        bounds = (mean.lower, mean.upper)
+    elif cells is not None:
+        bounds = (cells.lower, cells.upper)
     return ValueRule(
         stat.name,
         stat.key,
@@ -219,4 +228,16 @@ def value_rule(stat: StatisticConfig) -> ValueRule:
         stat.deletions,
         cell_field=None if cells is None else cells.field,
         cell_keys=None if cells is None or cells.keys is None else frozenset(cells.keys),
+        bounds=bounds,
+        value_path=stat.value_field,
+        where=None if stat.where is None else where_of(stat.where),
+    )
+
+
+def where_of(where: Mapping[str, object]) -> Where:
+    """A ``where`` as the checks compare it (``events.Where``): sorted by path, each
+    field's values as ``scalar_tag``s."""
+    return tuple(
+        (path, frozenset(filter(None, map(scalar_tag, v if isinstance(v, list) else [v]))))
+        for path, v in sorted(where.items())
     )

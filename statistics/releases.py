@@ -98,11 +98,12 @@ class CounterFields(TypedDict):
     value, its noise's std and 95% interval, and the bound tau."""
 
     step: int
-    value: int  # post-processed (docs/design.md section 5c)
+    value: int | float  # post-processed (section 5c); a sum on a grid: units times grid_step
     std: float
     interval: Interval
-    unbiased: int  # the operator's unbiased estimate
+    unbiased: int | float  # the operator's unbiased estimate
     tau: int
+    grid_step: NotRequired[float]  # a sum on a grid (lower/upper/resolution): its step
 
 
 class TrackedBound(TypedDict):
@@ -120,11 +121,12 @@ class UserLevelFields(TrackedBound):
     its tracker and instances have spent so far (below its epsilon)."""
 
     step: int
-    value: int  # post-processed (docs/design.md section 5c)
+    value: int | float  # post-processed (section 5c); a sum on a grid: units times grid_step
     std: float
     interval: Interval
-    unbiased: int  # the operator's unbiased estimate
+    unbiased: int | float  # the operator's unbiased estimate
     epsilon_spent: float
+    grid_step: NotRequired[float]  # a sum on a grid (lower/upper/resolution): tau in its units
 
 
 class HistogramFields(TrackedBound):

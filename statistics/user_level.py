@@ -32,7 +32,7 @@ from dpstream.operators.trees import kary_tree, tree_counter
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import deletions, distinct_count, k_selection, svt
 
-from .bounding import ColumnarBounding, UnitBounding
+from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
 from .contract import Accuracy, Step, WeightsStage2
 from .fixed_tau import least_value, shown, unit_of
 from .releases import UserLevelFields
@@ -160,17 +160,21 @@ class UserLevelStatistic(WeightsStage2, ABC):
         at most log2(tau~ / tau_1) + 1 instances (the bound at least doubles at each), and
         later instances have less epsilon, so the std is at most the one given."""
         start = svt.tau_start(self._tracker())
+        grid = value_grid(self.stat)  # a sum on a grid tracks its bound in grid units
+        step = 1.0 if grid is None else float(grid.grid.step)
         rows = []
         for i in range(PLANNED_BOUNDS):
             tau, instance = start << (3 * i), 3 * i + 1
-            stds = tuple(self.planned_std(t, instance, tau) for t in ticks)
+            planned = (self.planned_std(t, instance, tau) for t in ticks)
+            stds = tuple(None if std is None else std * step for std in planned)
             which = "instance 1" if instance == 1 else f"at most: instance <= {instance}"
             rows.append((f"if tau~ = {tau} ({which})", stds))
         unit = unit_of(self.stat) if self.stat.bins is None else "events per bin"
-        covers = (
-            f"the truncated value: each user's first tau~ {unit} (tau~ is released with it; "
-            "the true value can only be larger)"
-        )
+        if grid is None:
+            kept = f"{unit} (tau~ is released with it; the true value can only be larger)"
+        else:
+            kept = f"grid units ({step:g} each) of values clipped into their bounds"
+        covers = f"the truncated value: each user's first tau~ {kept}"
         return Accuracy(unit, tuple(rows), covers)
 
     def _tracker(self) -> svt.ContributionTrackerSpec:
@@ -261,8 +265,11 @@ class UserLevelCount(UserLevelStatistic):
     """A tau: auto count or sum."""
 
     @property
-    def bounding(self) -> ColumnarBounding:
+    def bounding(self) -> UnitBounding:
         stat = self.stat
+        grid = value_grid(stat)
+        if grid is not None:  # units of the grid, by rank band
+            return GridSumBounding(stat.name, stat.key, stat.deletions, grid=grid)
         return ColumnarBounding(stat.name, stat.key, stat.deletions, max_value=stat.max_value)
 
     def advance(
@@ -282,6 +289,9 @@ class UserLevelCount(UserLevelStatistic):
         out["std"] = only.std
         out["interval"] = list(seen.interval)
         out["unbiased"] = only.value
+        grid = value_grid(self.stat)
+        if grid is not None:  # tau stays in grid units: the tracker's bound
+            out.update(grid_fields(grid, seen, only.std, only.value))
         return out, [seen.value]
 
     def planned_std(self, t: int, instance: int, tau: int) -> float | None:

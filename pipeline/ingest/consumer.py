@@ -229,6 +229,8 @@ class Ingest:
         self.records = 0  # source records read so far
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
+        # Per statistic: values clipped, rule failures on events others counted (exact).
+        self.by_statistic: Counter[str] = Counter()
         self.assignments = 0  # partition assignments received so far
         self._interval_events = 0  # since the last progress line (LOG_SECONDS)
         self._interval_rejected: Counter[str] = Counter()
@@ -264,6 +266,9 @@ class Ingest:
         if warning:
             log.warning("%s", warning)
         self._interval_events, self._interval_rejected = 0, Counter()
+        if self.by_statistic:
+            # Exact counts of the users' values (docs/security.md, section 5): operators'.
+            log.info("per statistic so far: %s", dict(sorted(self.by_statistic.items())))
 
     def report(self) -> IngestReport:
         """What this ingest has done so far, and its lag."""
@@ -308,6 +313,7 @@ class Ingest:
         self.rejected.update(routed.reasons)
         self._interval_events += routed.events
         self._interval_rejected.update(routed.reasons)
+        self.by_statistic.update(routed.tally)
         return len(records)
 
     def _pause(self, records: list[SourceRecord], why: RegistryUnavailable) -> None:

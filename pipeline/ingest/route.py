@@ -15,6 +15,7 @@ from ..wire.records import (
     BadRecord,
     Decode,
     Limits,
+    Tally,
     dead_letter,
     decode_events,
     encode_envelope,
@@ -49,6 +50,9 @@ class Routed:
     dead_letters: list[bytes] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     events: int = 0
+    # Per statistic: values clipped, and rule failures on events others counted
+    # (``records.Tally``).
+    tally: Tally = field(default_factory=dict)
 
 
 _Columns = tuple[list[int], list[int], list[Event]]  # offsets, indexes, events
@@ -77,13 +81,14 @@ def route(
     by_source: dict[tuple[str, int], dict[int, _Columns]] = {}
     owner: dict[str, int] = {}  # user id -> events partition, within the batch
     out = Routed()
+    tally = out.tally
     topic, source_partition, groups = None, None, {}
     bad: _Bad
     for record in records:
         headers = record.headers
         try:
             events, bad = decode_events(
-                record.value, header_kind(headers) if headers else None, limits, decode
+                record.value, header_kind(headers) if headers else None, limits, decode, tally
             )
         except BadRecord as exc:
             bad, events = [(None, exc.reason)], []

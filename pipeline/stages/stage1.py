@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from dpstream.config.schema import PipelineConfig
-from dpstream.statistics.bounding import ColumnarBounding, UnitColumns, add_weights
+from dpstream.statistics.bounding import ColumnarBounding, UnitColumns, Views, add_weights
 from dpstream.statistics.contract import PerUserStatistic, Report
 from dpstream.statistics.events import Batch, Event
-from dpstream.statistics.registry import statistic_for
+from dpstream.statistics.registry import statistic_for, value_rule
 
-from ..wire.records import partition_for
+from ..wire.records import matches, partition_for, value_column, value_of, where_rows
 from .stage1_state import PartitionEntry, UserEntry, redelivered
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,13 @@ class Stage1:
         self._user_stats = [s for s in stats if s.bounding is None]
         self._partitions = cfg.input.partitions
         self._indexes: dict[int, _ScanIndex] = {}  # per stage-1 partition
+        # The statistics that read a value field or filter by ``where``: each sees only
+        # the events it selects, with its own field as their value.
+        self._views = {
+            r.statistic: r
+            for r in (value_rule(s) for s in cfg.statistics)
+            if r.value_path is not None or r.where is not None
+        }
 
     def add_events(
         self,
@@ -90,7 +97,7 @@ class Stage1:
         user_ids, rows = batch.by_user()
         stored = [users.get(user_id) for user_id in user_ids]
         columns = self._columns
-        units = columns.units(batch, rows, len(user_ids))
+        units = columns.units(batch, rows, len(user_ids), self._column_views(batch))
         before = columns.before([_UNUSED if e is None else e["used"] for e in stored])
         # Per user: count the record (its entry missed it), re-add it (its entry has it,
         # the pending sums lost it) or neither.
@@ -160,7 +167,7 @@ class Stage1:
         partition's scan index, when a statistic has per-user state)."""
         kept_now: dict[str, dict[str, int]] = {}
         for stat in self._per_user:
-            stat.add(events, entry["used"], kept_now)
+            stat.add(self._selected(stat.name, events), entry["used"], kept_now)
         if not in_pending:
             for name, weights in kept_now.items():
                 add_weights(pstate["pending"].setdefault(name, {}), weights)
@@ -169,6 +176,34 @@ class Stage1:
         if index is not None:
             self._apply_user_stats(pstate, stored, entry, events, partition, in_pending)
             index.update(self._user_stats, pstate["stats"], user_id, entry["state"])
+
+    def _column_views(self, batch: Batch) -> Views | None:
+        """``UnitColumns.units``'s views of ``batch``."""
+        if not self._views:
+            return None
+        return {
+            name: (
+                np.ones(len(batch), dtype=bool)
+                if rule.where is None
+                else where_rows(batch, rule.where),
+                value_column(batch, rule.value_path),
+            )
+            for name, rule in self._views.items()
+        }
+
+    def _selected(self, name: str, events: list[Event]) -> list[Event]:
+        """The events statistic ``name`` selects, each with its value field as its value."""
+        rule = self._views.get(name)
+        if rule is None:
+            return events
+        out = []
+        for event in events:
+            if rule.where is not None and not matches(event, rule.where):
+                continue
+            if rule.value_path is not None:
+                event = event._replace(value=value_of(event, rule, None)[0])
+            out.append(event)
+        return out
 
     @staticmethod
     def _events_by_user(batch: Batch, rows: np.ndarray) -> list[list[Event]]:
@@ -193,7 +228,7 @@ class Stage1:
         states = dict(stored.get("state", {})) if stored is not None else {}
         redos: dict[str, Any] = {}
         for stat in self._user_stats:
-            mine = [e for e in events if stat.counts(e)]
+            mine = [e for e in self._selected(stat.name, events) if stat.counts(e)]
             if not mine:
                 continue
             slot, states[stat.name], redos[stat.name] = stat.apply(

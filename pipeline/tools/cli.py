@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from dpstream.config.schema import ConfigError, PipelineConfig, load_config
+from dpstream.config.schema import ConfigError, PipelineConfig, StatisticConfig, load_config
 from dpstream.operators.errors import DpStreamError
 
 log = logging.getLogger("dpstream")
@@ -195,6 +195,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         new_tree = s.mechanism is None and default_tree(s)[0] != "binary"
         default = " (default for a new statistic; one that ran keeps its tree)" if new_tree else ""
         print(f"  {s.name}: {describe(s, cfg)}{default} -> {cfg.release_topic(s.name)}")
+        print(f"    {_reads(s, cfg)}")
     for line in live or statement.describe():
         print(f"  {line}")
     for line in plan_lines(cfg):
@@ -207,6 +208,32 @@ def _live_lines(cfg: PipelineConfig, args: argparse.Namespace) -> list[str]:
     from .ledger_view import live_check
 
     return live_check(cfg, resolve_bootstrap(args.bootstrap))
+
+
+def _reads(stat: StatisticConfig, cfg: PipelineConfig) -> str:
+    """The event fields ``stat`` reads: user id, value (its bounds, its grid), filter."""
+    from dpstream.statistics.registry import value_rule
+
+    rule = value_rule(stat)
+    parts = [f"user id {cfg.input.user_id_field}"]
+    if rule.needs_value:
+        value = f"value {rule.value_path or 'value'}"
+        if rule.bounds is not None:
+            value += f" clipped into [{rule.bounds[0]:g}, {rule.bounds[1]:g}]"
+        if stat.resolution is not None:
+            lower, upper = stat.value_bounds
+            value += f" on a {(upper - lower) / stat.resolution:g} grid"
+        parts.append(value)
+    if rule.cell_field is not None:
+        parts.append(f"cell {rule.cell_field}")
+    if stat.key is not None:
+        parts.append(f"only key = {stat.key}")
+    for path, wanted in (stat.where or {}).items():
+        if isinstance(wanted, list):
+            parts.append(f"only {path} in {orjson.dumps(wanted).decode()}")
+        else:
+            parts.append(f"only {path} = {orjson.dumps(wanted).decode()}")
+    return "reads " + ", ".join(parts)
 
 
 def _format_line(cfg: PipelineConfig) -> str:

@@ -41,7 +41,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 import orjson
@@ -49,7 +49,7 @@ from aiokafka.partitioner import murmur2
 
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.errors import DpStreamError
-from dpstream.statistics.events import NO_VALUE, Batch, Event, ValueRule
+from dpstream.statistics.events import NO_VALUE, Batch, Event, ValueRule, Where, scalar_tag
 from dpstream.statistics.registry import value_rule
 
 HEADER = "dpstream"
@@ -86,6 +86,9 @@ class Limits:
     max_cell_key_length: int = 128
     # Where an event's user id is: a path of JSON object fields (``input.user_id_field``).
     user_id_path: tuple[str, ...] = ("user_id",)
+    # The fields statistics read by dotted path (their ``value_field`` and ``where``
+    # fields): (dotted path, its parts), kept in the event's ``attrs``.
+    attr_paths: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # key -> _value_plan(...) for an insert and for a delete: which rules apply to such an
     # event, computed once.
     plans: dict = field(default_factory=dict, compare=False, repr=False)
@@ -105,19 +108,7 @@ def rules_fingerprint(limits: Limits, partitions: int) -> str:
     statistics is not a change of rules. ``max_record_bytes`` is left out too: it bounds a
     source record, which stage 1 never sees, not what an event may contribute.
     """
-    rules = {
-        orjson.dumps(
-            [
-                r.key,
-                r.needs_value,
-                r.max_value,
-                r.deletions,
-                r.cell_field,
-                None if r.cell_keys is None else sorted(r.cell_keys),
-            ]
-        ).decode()
-        for r in limits.value_rules
-    }
+    rules = {orjson.dumps(_rule_terms(r)).decode() for r in limits.value_rules}
     canonical = orjson.dumps(
         {
             "rules": sorted(rules),
@@ -131,6 +122,23 @@ def rules_fingerprint(limits: Limits, partitions: int) -> str:
         option=orjson.OPT_SORT_KEYS,
     )
     return hashlib.sha256(RULES_DOMAIN + canonical).hexdigest()[:16]
+
+
+def _rule_terms(rule: ValueRule) -> list[object]:
+    """What of ``rule`` decides acceptance; the value field and filter only where set, so
+    the rules of a statistic without them hash as they always have."""
+    terms: list[object] = [
+        rule.key,
+        rule.needs_value,
+        rule.max_value,
+        rule.deletions,
+        rule.cell_field,
+        None if rule.cell_keys is None else sorted(rule.cell_keys),
+    ]
+    if rule.value_path is not None or rule.where is not None:
+        where = None if rule.where is None else [[p, sorted(v)] for p, v in rule.where]
+        terms += [rule.value_path, where]
+    return terms
 
 
 @functools.lru_cache(maxsize=1 << 16)  # ~10 MB at most
@@ -155,7 +163,15 @@ def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) 
     return None
 
 
-def parse_event(obj: object, limits: Limits) -> Event:
+Tally = dict[str, int]
+"""What the ingest counts per statistic, by "<what> (statistic <name>)": the values it
+clipped ("clipped") and the events it could not use that others did (their reason)."""
+
+
+def parse_event(obj: object, limits: Limits, tally: Tally | None = None) -> Event:
+    """The event in ``obj`` under ``limits``; BadRecord (with its reason) when no
+    statistic can use it. Into ``tally`` (when given): each statistic's clipped values
+    and its rule failures on events that another statistic counts."""
     # orjson returns exact dicts, lists, strs, ints, floats and bools: ``type(x) is``
     # checks are exact here (a bool is not an int) and cheaper than isinstance.
     if type(obj) is not dict:
@@ -172,13 +188,14 @@ def parse_event(obj: object, limits: Limits) -> Event:
         # No statistic would count this event.
         raise BadRecord("unknown statistic key" if key is not None else "missing key")
     value = get("value")
+    problem = None  # why a present value is no value: a failure of the rules needing one
     if value is not None:
         if type(value) is int:
             value = float(value)
         elif type(value) is not float:
-            raise BadRecord("value is not a number")
+            value, problem = None, "value is not a number"
         elif not math.isfinite(value):
-            raise BadRecord("value is not finite")
+            value, problem = None, "value is not finite"
     ts = get("ts")
     if ts is not None and type(ts) not in (int, float, str):
         raise BadRecord("ts is not a number or string")
@@ -201,19 +218,60 @@ def parse_event(obj: object, limits: Limits) -> Event:
         if len(cell) > limits.max_cell_key_length:
             raise BadRecord(f"{name} too long")
         cells += ((name, cell),)
+    attrs = _attrs(obj, limits.attr_paths) if limits.attr_paths else ()
     # tuple.__new__ skips the NamedTuple's Python-level __new__: 0.25 µs of the ingest's
     # per-event cost.
-    event = tuple.__new__(Event, (user_id, key, value, delete, cells))
+    event = tuple.__new__(Event, (user_id, key, value, delete, cells, attrs))
     plans = limits.plans.get(key)  # keyed by key alone: no tuple built per event
     if plans is None:
         rules = limits.value_rules
         plans = limits.plans[key] = (_value_plan(rules, key, False), _value_plan(rules, key, True))
-    deletable, checks = plans[delete]
-    if checks:
-        _check_values(event, checks)
+    deletable, checks, free = plans[delete]
     if delete and not deletable:
         raise BadRecord("op delete: no statistic with deletions counts this event")
+    if checks:
+        _check_values(event, checks, free, problem, tally)
     return event
+
+
+def _attrs(obj: dict, paths: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple:
+    """(dotted path, JSON scalar) of each path the event holds a scalar at (an object, a
+    list, a non-finite number or an integer beyond 64 bits (a decoded Schema Registry
+    record may hold one; JSON cannot) is none)."""
+    out: tuple = ()
+    for name, path in paths:
+        x: Any = obj.get(path[0]) if len(path) == 1 else _nested(obj, path)
+        if _is_scalar(x):
+            out += ((name, x),)
+    return out
+
+
+_INT64 = 1 << 63
+
+
+def _is_scalar(x: Any) -> bool:
+    kind = type(x)
+    if kind is int:
+        return -_INT64 <= x < _INT64  # an envelope's integers are 64-bit
+    if kind is float:
+        return math.isfinite(x)
+    return kind is str or kind is bool
+
+
+def matches(event: Event, where: Where) -> bool:
+    """Whether ``event`` holds one of the accepted values in each of ``where``'s fields."""
+    return all(scalar_tag(event.attr(path)) in accepted for path, accepted in where)
+
+
+def value_of(event: Event, rule: ValueRule, problem: str | None) -> tuple[float | None, str]:
+    """(the value ``rule``'s statistic reads of ``event``, else None and why)."""
+    path = rule.value_path
+    if path is None:
+        return event.value, problem or "missing value"
+    x = event.attr(path)
+    if type(x) is int or type(x) is float:
+        return float(x), ""  # type: ignore[arg-type]
+    return None, f"missing {path}" if x is None else f"{path} is not a number"
 
 
 def _nested(obj: object, path: tuple[str, ...]) -> object:
@@ -242,36 +300,90 @@ def _bad_user_id(user_id: object, name: str) -> BadRecord:
 
 def _value_plan(
     rules: tuple[ValueRule, ...], key: str | None, delete: bool
-) -> tuple[bool, tuple[ValueRule, ...]]:
-    """(whether a statistic with deletions counts such an event, the rules whose value
-    checks it must pass) for events with this key and op. The whole event is rejected if
-    any statistic that counts it cannot: it is never counted by some and not others."""
-    deletable, checks = False, []
+) -> tuple[bool, tuple[ValueRule, ...], bool]:
+    """(whether a statistic with deletions counts such an event, the rules that select it
+    and check it, whether a statistic that selects it needs nothing of it) for events
+    with this key and op. A rule's failure keeps the event from that statistic only: it
+    is refused when every statistic that selects it fails (``_check_values``)."""
+    deletable, checks, free = False, [], False
     for rule in rules:
         if rule.key is not None and key != rule.key:
             continue
         deletable = deletable or rule.deletions
-        if (delete and not rule.deletions) or not rule.needs_value:
+        if delete and not rule.deletions:
             continue
-        checks.append(rule)
-    return deletable, tuple(checks)
+        if rule.needs_value or rule.where is not None:
+            checks.append(rule)
+        else:
+            free = True
+    return deletable, tuple(checks), free
 
 
-def _check_values(event: Event, checks: tuple[ValueRule, ...]) -> None:
+def _rule_failure(event: Event, rule: ValueRule, value: float | None, why: str) -> str | None:
+    """Why ``rule``'s statistic cannot use ``event`` whose value for it is ``value``
+    (``why``: why it has none) (None: it can)."""
+    if value is None:
+        return why
+    if rule.cell_field is not None:
+        cell = event.cell(rule.cell_field)
+        if cell is None:
+            return f"missing {rule.cell_field}"
+        if rule.cell_keys is not None and cell not in rule.cell_keys:
+            return f"{rule.cell_field} not in cells.keys"
+    return None
+
+
+def failure_reason(failed: list[tuple[str, str]]) -> str:
+    """One reason for an event no statistic could use, from (reason, statistic) of each
+    statistic that selected it: "missing value (statistics revenue, basket)"."""
+    by_reason: dict[str, list[str]] = {}
+    for reason, statistic in failed:
+        by_reason.setdefault(reason, []).append(statistic)
+    return "; ".join(
+        f"{reason} (statistic {names[0]})"
+        if len(names) == 1
+        else f"{reason} (statistics {', '.join(names)})"
+        for reason, names in by_reason.items()
+    )
+
+
+def _check_values(
+    event: Event,
+    checks: tuple[ValueRule, ...],
+    free: bool,
+    problem: str | None,
+    tally: Tally | None,
+) -> None:
+    """Each rule's check of ``event``; BadRecord when every statistic that selects it
+    fails (``free``: one that needs nothing of it does not). Into ``tally``: the values
+    clipped and, for an event used by some, the others' failures."""
+    failed: list[tuple[str, str]] = []
+    used = free
     for rule in checks:
-        if rule.max_value is None:
-            if event.value is None:
-                raise BadRecord(f"missing value (statistic {rule.statistic})")
-        elif event.value is None or event.value != int(event.value):
-            raise BadRecord(f"value is not an integer (statistic {rule.statistic})")
-        elif not 1 <= event.value <= rule.max_value:
-            raise BadRecord(f"value outside [1, {rule.max_value}] (statistic {rule.statistic})")
-        if rule.cell_field is not None:
-            cell = event.cell(rule.cell_field)
-            if cell is None:
-                raise BadRecord(f"missing {rule.cell_field} (statistic {rule.statistic})")
-            if rule.cell_keys is not None and cell not in rule.cell_keys:
-                raise BadRecord(f"{rule.cell_field} not in cells.keys (statistic {rule.statistic})")
+        if rule.where is not None and not matches(event, rule.where):
+            continue  # not an event it selects
+        if not rule.needs_value:
+            used = True
+            continue
+        value, why = value_of(event, rule, problem)
+        reason = _rule_failure(event, rule, value, why)
+        if reason is not None:
+            failed.append((reason, rule.statistic))
+            continue
+        used = True
+        if tally is not None and rule.bounds is not None:
+            lower, upper = rule.bounds
+            if not lower <= value <= upper:  # type: ignore[operator]  # not None: checked
+                what = f"clipped (statistic {rule.statistic})"
+                tally[what] = tally.get(what, 0) + 1
+    if not used:
+        raise BadRecord(failure_reason(failed) if failed else "no statistic's where matches")
+    if not failed:
+        return
+    if tally is not None:
+        for reason, statistic in failed:
+            what = f"{reason} (statistic {statistic})"
+            tally[what] = tally.get(what, 0) + 1
 
 
 def _loads(value: bytes) -> object:
@@ -339,9 +451,14 @@ does not decode): JSON's is ``_loads``; a Schema Registry format's is a
 
 
 def decode_events(
-    value: bytes | None, kind: bytes | None, limits: Limits, decode: Decode | None = None
+    value: bytes | None,
+    kind: bytes | None,
+    limits: Limits,
+    decode: Decode | None = None,
+    tally: Tally | None = None,
 ) -> tuple[list[Event], list[tuple[int, str]]]:
-    """Decode an event record or envelope; ``decode``: the values' format (None: JSON).
+    """Decode an event record or envelope; ``decode``: the values' format (None: JSON);
+    ``tally``: as ``parse_event``'s.
 
     Returns the good events and, for an envelope, (index, reason) for each bad event in
     it: one bad event does not sink its neighbours. Raises BadRecord when the record as
@@ -355,7 +472,7 @@ def decode_events(
         # Batch envelopes are dpstream's own JSON; in another format a record is one event.
         if kind is not None:
             raise BadRecord("dpstream header on a record not in JSON")
-        return [parse_event(decode(value), limits)], []
+        return [parse_event(decode(value), limits, tally)], []
     obj = _loads(value)
     if kind == BATCH:
         if type(obj) is not list:
@@ -365,13 +482,13 @@ def decode_events(
         append = good.append
         for i, item in enumerate(obj):
             try:
-                append(parse_event(item, limits))
+                append(parse_event(item, limits, tally))
             except BadRecord as exc:
                 bad.append((i, exc.reason))
         return good, bad
     if kind is not None:
         raise BadRecord("unknown dpstream header")
-    return [parse_event(obj, limits)], []
+    return [parse_event(obj, limits, tally)], []
 
 
 def event_json(event: Event) -> dict[str, object]:
@@ -385,7 +502,18 @@ def event_json(event: Event) -> dict[str, object]:
         out["op"] = "delete"
     for attr, cell in event.cells:
         out[attr] = cell
+    for path, x in event.attrs:
+        _set_nested(out, path.split("."), x)
     return out
+
+
+def _set_nested(out: dict, path: list[str], x: object) -> None:
+    for name in path[:-1]:
+        inner = out.setdefault(name, {})
+        if type(inner) is not dict:
+            return  # a scalar there already (the same event's): nothing below it
+        out = inner
+    out.setdefault(path[-1], x)
 
 
 # A dead letter keeps this much of the record it reports (for inspection; never logged).
@@ -458,6 +586,7 @@ Position = tuple[int, int]
 """Where an event was in its source partition: (record offset, index in a batch record)."""
 
 _VALUE_TYPES = {float, int, type(None)}
+_SCALARS = (str, bool, int, float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,11 +620,12 @@ def encode_envelope(
     under (``rules_fingerprint``), "o" offsets, "U" the distinct user ids and "x" each
     event's index in "U", and only where some event has one: "i" indexes, "K" the
     distinct keys and "y" each event's index in "K" (-1: none), "v" values, "d" the
-    positions of deletions, "c" cell keys per attribute."""
+    positions of deletions, "c" cell keys per attribute, "a" the fields statistics read
+    by path (``Limits.attr_paths``), per path."""
     users: dict[str, int] = {}
     keys: dict[str | None, int] = {None: -1}
     x, y, values, deletes = [], [], [], []
-    has_value = has_cells = False
+    has_value = has_cells = has_attrs = False
     for n, e in enumerate(events):
         x.append(users.setdefault(e.user_id, len(users)))
         y.append(keys.setdefault(e.key, len(keys) - 1))
@@ -506,6 +636,8 @@ def encode_envelope(
             deletes.append(n)
         if e.cells:
             has_cells = True
+        if e.attrs:
+            has_attrs = True
     out: dict[str, object] = {"s": source, "r": rules, "o": offsets, "U": list(users), "x": x}
     if any(indexes):
         out["i"] = indexes
@@ -519,6 +651,9 @@ def encode_envelope(
     if has_cells:
         attrs = sorted({a for e in events for a, _ in e.cells})
         out["c"] = {a: [e.cell(a) for e in events] for a in attrs}
+    if has_attrs:
+        paths = sorted({p for e in events for p, _ in e.attrs})
+        out["a"] = {p: [e.attr(p) for e in events] for p in paths}
     return orjson.dumps(out)
 
 
@@ -615,11 +750,15 @@ def decode_envelope(value: bytes | None) -> Envelope:
     if type(cells_by_attr) is not dict:
         raise BadRecord("malformed envelope")
     cells = tuple((a, _column(cells_by_attr, a, n, (str,))) for a in cells_by_attr)
+    attrs_by_path = obj.get("a") or {}
+    if type(attrs_by_path) is not dict:
+        raise BadRecord("malformed envelope")
+    attrs = tuple((p, _column(attrs_by_path, p, n, _SCALARS)) for p in attrs_by_path)
     later = (offset[1:] > offset[:-1]) | ((offset[1:] == offset[:-1]) & (index[1:] > index[:-1]))
     if not later.all():
         raise BadRecord("malformed envelope")  # not in source order
     indexes = obj["i"] if "i" in obj else [0] * n
-    batch = Batch(user_ids, user, keys, key, value_column, delete, cells)
+    batch = Batch(user_ids, user, keys, key, value_column, delete, cells, attrs)
     return Envelope(obj["s"], offsets, indexes, batch, rules)
 
 
@@ -718,68 +857,110 @@ def _cell_key_failures(attr: str, column: np.ndarray, longest: int, failures: _F
 def _rule_failures(
     batch: Batch, rules: tuple[ValueRule, ...], cells: dict[str, np.ndarray], failures: _Failures
 ) -> None:
-    """``_check_values`` of every rule over the events it applies to (by key and op),
-    then the deletions no statistic with deletions counts (``_value_plan``)."""
-    value, delete = batch.value, batch.delete
+    """The deletions no statistic with deletions counts (``_value_plan``), then the
+    events that every statistic selecting them fails (``_check_values``), with the reason
+    ``failure_reason`` gives, or that no statistic's ``where`` selects: an event one
+    statistic can use is not refused."""
+    delete = batch.delete
     deletes = bool(np.count_nonzero(delete))
     deletable = np.zeros(len(batch), dtype=bool) if deletes else delete
+    used = np.zeros(len(batch), dtype=bool)  # some statistic that selects it can use it
+    failed: list[tuple[np.ndarray, str, str]] = []  # (rows, reason, statistic)
     for rule in rules:
-        if not rule.needs_value and not (deletes and rule.deletions):
-            continue  # it checks nothing here
         if rule.key is None:
-            match = None  # every event
+            selects = np.ones(len(batch), dtype=bool)  # every event
         elif rule.key in batch.keys:
-            match = batch.key == batch.keys.index(rule.key)
+            selects = batch.key == batch.keys.index(rule.key)
         else:
             continue  # no event of the batch has its key
         if deletes and rule.deletions:
-            deletable = deletable | (True if match is None else match)
-        if not rule.needs_value:
-            continue
+            deletable = deletable | selects
         if deletes and not rule.deletions:
-            applies = ~delete if match is None else match & ~delete
-        else:
-            applies = match
-        _value_failures(rule, value, applies, cells, failures)
+            selects = selects & ~delete
+        if rule.where is not None:
+            selects = selects & where_rows(batch, rule.where)
+        fails = _value_failures(rule, batch, selects, cells) if rule.needs_value else []
+        bad = np.zeros(len(batch), dtype=bool)
+        for rows, reason in fails:
+            failed.append((rows, reason, rule.statistic))
+            bad |= rows
+        used |= selects & ~bad
     if deletes:
         reason = "op delete: no statistic with deletions counts this event"
         _failed(delete & ~deletable, reason, failures)
+    if any(rule.where is not None for rule in rules):
+        refused = ~used  # unselected rows too; those of an earlier failure keep its reason
+    else:
+        refused = np.zeros(len(batch), dtype=bool)
+        for rows, _, _ in failed:
+            refused |= rows
+        refused &= ~used
+    if not np.count_nonzero(refused):
+        return
+    by_reason: dict[str, list[int]] = {}  # per refused row (few: an ingest that drifted)
+    for row in np.flatnonzero(refused).tolist():
+        named = [(r, name) for rows, r, name in failed if rows[row]]
+        reason = failure_reason(named) if named else "no statistic's where matches"
+        by_reason.setdefault(reason, []).append(row)
+    for reason, rows_of in by_reason.items():
+        mask = np.zeros(len(batch), dtype=bool)
+        mask[rows_of] = True
+        failures.append((mask, reason))
+
+
+def where_rows(batch: Batch, where: Where) -> np.ndarray:
+    """The rows of ``batch`` that ``where`` selects (``matches`` over the columns)."""
+    attrs = dict(batch.attrs)
+    out = np.ones(len(batch), dtype=bool)
+    for path, accepted in where:
+        column = attrs.get(path) or [None] * len(batch)
+        out &= np.fromiter((scalar_tag(x) in accepted for x in column), bool, len(batch))
+    return out
+
+
+def value_column(batch: Batch, path: str | None) -> np.ndarray:
+    """The values at ``path`` as float64, NaN where there is no number (None: the
+    events' "value")."""
+    if path is None:
+        return batch.value
+    column = dict(batch.attrs).get(path)
+    if column is None:
+        return np.full(len(batch), NO_VALUE)
+    numbers = (float(x) if type(x) is int or type(x) is float else NO_VALUE for x in column)
+    return np.fromiter(numbers, np.float64, len(batch))
 
 
 def _value_failures(
-    rule: ValueRule,
-    value: np.ndarray,
-    applies: np.ndarray | None,
-    cells: dict[str, np.ndarray],
-    failures: _Failures,
-) -> None:
-    """One rule's checks of the values (and cell keys) of the events it applies to
-    (``applies``; None: every event)."""
-
-    def where(mask: np.ndarray) -> np.ndarray:
-        return mask if applies is None else applies & mask
-
-    statistic = rule.statistic
-    if rule.max_value is None:
-        _failed(where(np.isnan(value)), f"missing value (statistic {statistic})", failures)
-    else:
-        bad = where(~((value >= 1) & (value <= rule.max_value) & (value == np.trunc(value))))
-        if np.count_nonzero(bad):  # NaN (no value) is not integral; then integral, out of range
-            reason = f"value is not an integer (statistic {statistic})"
-            _failed(where(value != np.trunc(value)), reason, failures)
-            reason = f"value outside [1, {rule.max_value}] (statistic {statistic})"
-            failures.append((bad, reason))
+    rule: ValueRule, batch: Batch, selects: np.ndarray, cells: dict[str, np.ndarray]
+) -> list[tuple[np.ndarray, str]]:
+    """(rows, reason) of the events ``rule`` selects (``selects``) and cannot use, as
+    ``value_of`` and ``_rule_failure`` say: no value (NaN), then no cell key or one outside
+    the domain."""
+    out: list[tuple[np.ndarray, str]] = []
+    value = value_column(batch, rule.value_path)
+    missing = selects & np.isnan(value)
+    if np.count_nonzero(missing):
+        if rule.value_path is None:
+            out.append((missing, "missing value"))
+        else:
+            path, fields = rule.value_path, dict(batch.attrs).get(rule.value_path)
+            present = np.zeros(len(value), dtype=bool)
+            if fields is not None:
+                present = np.fromiter((x is not None for x in fields), bool, len(value))
+            _failed(missing & ~present, f"missing {path}", out)
+            _failed(missing & present, f"{path} is not a number", out)
     if rule.cell_field is None:
-        return
-    attr = rule.cell_field
+        return out
+    attr, rest = rule.cell_field, selects & ~missing
     column = cells.get(attr)
     absent = np.ones(len(value), dtype=bool) if column is None else column == None  # noqa: E711
-    _failed(where(absent), f"missing {attr} (statistic {statistic})", failures)
+    if np.count_nonzero(rest & absent):
+        out.append((rest & absent, f"missing {attr}"))
     if column is not None and rule.cell_keys is not None:
         foreign = set(column.tolist()) - rule.cell_keys - {None}
         if foreign:
-            reason = f"{attr} not in cells.keys (statistic {statistic})"
-            _failed(where(np.isin(column, list(foreign))), reason, failures)
+            out.append((rest & np.isin(column, list(foreign)), f"{attr} not in cells.keys"))
+    return out
 
 
 def limits_for(cfg: PipelineConfig) -> Limits:
@@ -794,4 +975,13 @@ def limits_for(cfg: PipelineConfig) -> Limits:
         cell_fields=tuple(sorted({s.cells.field for s in cfg.statistics if s.cells})),
         max_cell_key_length=cfg.input.max_cell_key_length,
         user_id_path=tuple(cfg.input.user_id_field.split(".")),
+        attr_paths=tuple((p, tuple(p.split("."))) for p in read_by_path(cfg)),
     )
+
+
+def read_by_path(cfg: PipelineConfig) -> list[str]:
+    """The fields the statistics read by dotted path (value fields, ``where`` fields),
+    sorted."""
+    paths = {s.value_field for s in cfg.statistics if s.value_field is not None}
+    paths |= {p for s in cfg.statistics for p in (s.where or {})}
+    return sorted(paths)

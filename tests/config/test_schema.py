@@ -56,6 +56,52 @@ from tests.config_builders import MINIMAL, minimal
         ({"statistics__0__kind": "sum"}, "statistics[0].max_value: required for kind sum"),
         ({"statistics__0__bins": 8}, "statistics[0].bins: only applies to histogram and kselect"),
         (
+            {"statistics__0__kind": "sum", "statistics__0__lower": 1},
+            "statistics[0].upper: required with lower or resolution",
+        ),
+        (
+            {"statistics__0__kind": "sum", "statistics__0__upper": 200},
+            "statistics[0].resolution: required with upper (grid units per (upper - lower)",
+        ),
+        (
+            {
+                "statistics__0__kind": "sum",
+                "statistics__0__upper": 2,
+                "statistics__0__max_value": 2,
+            },
+            "statistics[0].upper: give either max_value or lower/upper/resolution",
+        ),
+        (
+            {
+                "statistics__0__kind": "sum",
+                "statistics__0__lower": 5,
+                "statistics__0__upper": 5,
+                "statistics__0__resolution": 10,
+            },
+            "statistics[0].upper: must be greater than lower (5)",
+        ),
+        (
+            {
+                "statistics__0__kind": "sum",
+                "statistics__0__tau": "auto",
+                "statistics__0__lower": -5,
+                "statistics__0__upper": 5,
+                "statistics__0__resolution": 10,
+            },
+            "statistics[0].lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by non-negative "
+            "contributions; a negative lower needs a fixed tau",
+        ),
+        ({"statistics__0__upper": 5}, "statistics[0].upper: only applies to kind sum, not count"),
+        (
+            {
+                "statistics__0__kind": "histogram",
+                "statistics__0__tau": "auto",
+                "statistics__0__bins": 4,
+                "statistics__0__resolution": 10,
+            },
+            "statistics[0].resolution: only applies to kind sum, not histogram",
+        ),
+        (
             {"statistics__0__kind": "histogram", "statistics__0__bins": 8},
             "statistics[0].tau: kind histogram needs tau: auto",
         ),

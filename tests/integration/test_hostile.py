@@ -222,8 +222,7 @@ def good_event(draw, users: list[str]) -> dict:
 
 FAULTS = (
     "not object", "no user", "null user", "user type", "blank user", "long user", "key type",
-    "unknown key", "no key", "value type", "ts type", "op", "delete", "sum range",
-    "sum fraction", "sum missing",
+    "unknown key", "no key", "value type", "ts type", "op", "delete", "sum missing",
 )  # fmt: skip
 
 
@@ -266,9 +265,10 @@ def bad_event(draw, users: list[str], fault: str | None = None) -> tuple[object,
         else:
             obj["key"] = None
         return obj, "missing key"
-    if fault == "value type":
+    if fault == "value type":  # a buy: the sum needs its value (the counts need none)
+        obj["key"] = "buy"
         obj["value"] = draw(st.one_of(clean_text(), st.booleans(), st.lists(finite, max_size=2)))
-        return obj, "value is not a number"
+        return obj, "value is not a number (statistic spend)"
     if fault == "ts type":
         obj["ts"] = draw(st.one_of(st.booleans(), st.lists(finite, max_size=2), st.just({})))
         return obj, "ts is not a number or string"
@@ -279,16 +279,9 @@ def bad_event(draw, users: list[str], fault: str | None = None) -> tuple[object,
     if fault == "delete":
         obj["op"] = "delete"
         return obj, "op delete: no statistic with deletions counts this event"
-    obj["key"] = "buy"  # the sum faults
-    if fault == "sum range":
-        too_small, too_big = st.integers(-(2**63), 0), st.integers(MAX_VALUE + 1, 2**63 - 1)
-        obj["value"] = draw(st.one_of(too_small, too_big))
-        return obj, f"value outside [1, {MAX_VALUE}] (statistic spend)"
-    if fault == "sum fraction":
-        obj["value"] = draw(st.floats(-1e6, 1e6).filter(lambda v: v != int(v)))
-        return obj, "value is not an integer (statistic spend)"
+    obj["key"] = "buy"  # the sum's fault: out of range or fractional is clipped, not bad
     obj.pop("value", None)
-    return obj, "value is not an integer (statistic spend)"
+    return obj, "missing value (statistic spend)"
 
 
 @st.composite
@@ -772,7 +765,7 @@ def test_the_generated_batch_covers_every_kind_of_hostile_record():
                  "non-finite", "oversized", "forged tick", "forged envelope", "good",
                  "good envelope", "good deep", "unknown header", "null record"]:  # fmt: skip
         assert kinds[kind] > 0, kind
-    assert len(reasons) >= 20, reasons
+    assert len(reasons) >= 18, reasons  # 20 before a sum clipped its values (issue 26)
     assert reasons[UNKNOWN_HEADER] > 0 and reasons[MALFORMED] > 0
     assert max(len(r.value or b"") for r in records) > 10 * MAX_RECORD_BYTES
     assert len({r.value for r in records}) < len(records)  # duplicates

@@ -101,6 +101,7 @@ event_st = st.builds(
     st.sampled_from([None, "click", "view"]),
     st.integers(1, 3).map(float),
     st.sampled_from([False, False, False, True]),
+    attrs=st.just(()),  # no statistic here reads a field by path
 )
 record_st = st.lists(event_st, min_size=1, max_size=25)
 
@@ -253,10 +254,11 @@ def test_sum_values_become_units_in_0_to_r_whatever_reaches_stage_1():
     values = [1e6, 1e20, float("nan"), -3.0, 5.0, 2.5]
     batch = Batch.of([Event("u", None, v) for v in values])
     _, rows = batch.by_user()
-    assert stage1._columns.units(batch, rows, 1).tolist() == [[10 + 10 + 0 + 0 + 5 + 2]]
+    # Clipped into [0, R], then the nearest unit (ties upward): 2.5 is 3 units.
+    assert stage1._columns.units(batch, rows, 1).tolist() == [[10 + 10 + 0 + 0 + 5 + 3]]
     (counting,) = stage1._columns.stats
     by_event = [counting.contribution("+", 0, Event("u", None, v))[0] for v in values if v == v]
-    assert by_event == [10, 10, 0, 5, 2]
+    assert by_event == [10, 10, 0, 5, 3]
 
 
 @pytest.mark.parametrize(("value", "column"), [(0.0, 0), (-7.0, 0), (1.0, 0), (4.0, 3), (9.0, 3)])

@@ -270,5 +270,5 @@ def test_mean_events_need_a_finite_value():
     list(replay(cfg, lines, ZeroNoise(), rejected))
     assert [reason for _, _, reason in rejected] == [
         "missing value (statistic latency)",
-        "value is not a number",
+        "value is not a number (statistic latency)",
     ]

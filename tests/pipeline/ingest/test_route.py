@@ -100,7 +100,11 @@ def test_a_batch_record_keeps_each_good_event_at_its_index_and_dead_letters_the_
         ({"tick": 3}, [("dpstream", b"tick")], "unknown dpstream header"),
         ({"user_id": "a", "key": "view"}, [("dpstream", b"envelope")], "unknown dpstream header"),
         ({"user_id": "a", "key": "nope"}, None, "unknown statistic key"),
-        ({"user_id": "a", "key": "buy", "value": 9}, None, "value outside [1, 4] (statistic sum)"),
+        (
+            {"user_id": "a", "key": "buy", "value": "9"},
+            None,
+            "value is not a number (statistic sum)",
+        ),
     ],
 )
 def test_a_bad_source_record_is_dead_lettered_with_its_position(value, headers, reason):
@@ -108,6 +112,15 @@ def test_a_bad_source_record_is_dead_lettered_with_its_position(value, headers, 
     assert routed.envelopes == [] and routed.events == 0
     (dead,) = map(orjson.loads, routed.dead_letters)
     assert dead["reason"] == reason and (dead["partition"], dead["offset"]) == (2, 3)
+
+
+def test_route_counts_clipped_values_per_statistic():
+    records = [
+        record(n, {"user_id": "a", "key": "buy", "value": v}) for n, v in enumerate([9, 2, -1])
+    ]
+    routed = route(records, LIMITS, 3)
+    assert routed.events == 3 and not routed.dead_letters
+    assert routed.tally == {"clipped (statistic sum)": 2}  # 9 and -1 outside [0, 4]
 
 
 def test_the_user_id_may_be_a_nested_field():

@@ -96,19 +96,16 @@ def test_an_old_ingest_without_the_sum_feeds_a_stage_1_with_it_nothing_out_of_bo
     assert pstates[0]["sources"] == {"src/0": [2, 0]}
 
 
-def test_out_of_range_sum_values_under_the_right_fingerprint_are_refused_by_the_recheck():
-    new = pipeline(COUNT, REVENUE)
+def test_out_of_range_sum_values_under_the_right_fingerprint_are_clipped_where_used():
+    """A forged envelope's values reach the sum clipped into [0, R] and rounded: never
+    more than R units per event (1e20 once became -2^63 units)."""
+    new = pipeline(COUNT, {**REVENUE, "tau": 1000})
     driver = Stage1Driver(new)
-    events = [Event("u", None, v) for v in (1e6, 1e20, 5.0, 0.0, 2.5)]
+    events = [Event("u", None, v) for v in (1e6, 1e20, 5.0, 0.0, 2.5, -3.0)]
     pstates, users, refused = fed(driver, [(0, forged(new, events))])
-    assert [(r.reason, r.offset) for r in refused] == [
-        ("stage 1: value outside [1, 10] (statistic revenue)", 0),
-        ("stage 1: value outside [1, 10] (statistic revenue)", 1),
-        ("stage 1: value outside [1, 10] (statistic revenue)", 3),
-        ("stage 1: value is not an integer (statistic revenue)", 4),
-    ]
-    assert users[0]["u"]["used"] == {"n": 1, "revenue": 5}  # the one good event
-    assert pstates[0]["pending"] == {"n": {"w": 1}, "revenue": {"w": 5}}
+    assert refused == []
+    assert users[0]["u"]["used"] == {"n": 6, "revenue": 10 + 10 + 5 + 0 + 3 + 0}
+    assert pstates[0]["pending"] == {"n": {"w": 6}, "revenue": {"w": 28}}
 
 
 def test_an_ingest_configured_for_4_partitions_cannot_double_a_user_of_an_8_partition_stage_1():
@@ -132,45 +129,27 @@ def test_an_ingest_configured_for_4_partitions_cannot_double_a_user_of_an_8_part
     assert [r.reason for r in refused] == ["stage 1: user belongs to partition 5 of 8, not 1"]
 
 
-@pytest.mark.parametrize(
-    ("statistic", "reason"),
-    [
-        (
-            {"name": "h", "kind": "histogram", "bins": 4, "epsilon": 1.0, "tau": "auto"},
-            "value is not an integer (statistic h)",
-        ),
-        (
-            {
-                "name": "k",
-                "kind": "kselect",
-                "bins": 4,
-                "rank": "max",
-                "epsilon": 1.0,
-                "tau": "auto",
-            },
-            "value is not an integer (statistic k)",
-        ),
-        (
-            {
-                "name": "m",
-                "kind": "mean",
-                "epsilon": 1.0,
-                "mean": {"lower": 0, "upper": 10, "max_samples_per_user": 2},
-            },
-            "missing value (statistic m)",
-        ),
-    ],
-)
-def test_an_event_without_a_value_is_dead_lettered_not_a_crash(statistic, reason):
-    """A count's ingest sends events without a value; a histogram, k-selection or mean
-    added in a rolling change raised TypeError on them in stage 1 (the worker exited 70
-    and read the same record again: a crash loop)."""
+HISTOGRAM = {"name": "h", "kind": "histogram", "bins": 4, "epsilon": 1.0, "tau": "auto"}
+KSELECT = {"name": "k", "kind": "kselect", "bins": 4, "rank": "max", "epsilon": 1.0, "tau": "auto"}
+MEAN = {
+    "name": "m",
+    "kind": "mean",
+    "epsilon": 1.0,
+    "mean": {"lower": 0, "upper": 10, "max_samples_per_user": 2},
+}
+
+
+@pytest.mark.parametrize("statistic", [HISTOGRAM, KSELECT, MEAN])
+def test_an_event_without_a_value_counts_for_the_count_and_not_for_the_value_kind(statistic):
+    """A histogram, k-selection or mean once raised TypeError on an event without a value
+    in stage 1 (a crash loop), then dead-lettered it for the count too; now the count
+    counts it and the value kind skips it, and only the value event reaches the kind."""
     new = pipeline(COUNT, statistic)
     driver = Stage1Driver(new)
     events = [Event("u", None, None), Event("u", None, 2.0)]
     pstates, users, refused = fed(driver, [(0, forged(new, events))])
-    assert [(r.reason, r.offset) for r in refused] == [(f"stage 1: {reason}", 0)]
-    assert users[0]["u"]["offset"] == 0 and users[0]["u"]["used"]["n"] == 1
+    assert refused == []
+    assert users[0]["u"]["used"] == {"n": 2, statistic["name"]: 1}
     old_ingest = ingested(pipeline(COUNT), [{"user_id": "u"}])
     _, _, refused = fed(driver, old_ingest)
     assert [r.reason.split(" (")[0] for r in refused] == [
@@ -178,29 +157,41 @@ def test_an_event_without_a_value_is_dead_lettered_not_a_crash(statistic, reason
     ]
 
 
-def test_a_histogram_value_of_0_is_not_counted_in_the_band_below():
-    """Value 0 became column -1 of the histogram's weights (the previous rank band)."""
-    new = pipeline(
-        COUNT, {"name": "h", "kind": "histogram", "bins": 4, "epsilon": 1.0, "tau": "auto"}
-    )
+@pytest.mark.parametrize("statistic", [HISTOGRAM, KSELECT, MEAN])
+def test_an_event_no_statistic_can_use_is_refused_naming_the_statistic(statistic):
+    new = pipeline(statistic)
+    events = [Event("u", None, None), Event("u", None, 2.0)]
+    _, users, refused = fed(Stage1Driver(new), [(0, forged(new, events))])
+    name = statistic["name"]
+    assert [(r.reason, r.offset) for r in refused] == [
+        (f"stage 1: missing value (statistic {name})", 0)
+    ]
+    assert users[0]["u"]["used"] == {name: 1}
+
+
+def test_a_histogram_value_of_0_is_clipped_into_bin_1_not_the_band_below():
+    """Value 0 became column -1 of the histogram's weights (the previous rank band); it
+    is clipped into [1, R] now, like every value outside its bins."""
+    new = pipeline(COUNT, HISTOGRAM)
     driver = Stage1Driver(new)
     pstates, _, refused = fed(
         driver, [(0, forged(new, [Event("u", None, 0.0), Event("v", None, 4.0)]))]
     )
-    assert [r.reason for r in refused] == ["stage 1: value outside [1, 4] (statistic h)"]
+    assert refused == []
     weights = pstates[0]["pending"]["h"]
     assert not any(key.endswith("/-1") for key in weights)
-    assert sum(n for key, n in weights.items() if key.startswith("+b")) == 1  # v's 4
+    bins = sorted(key.rsplit("/", 1)[1] for key in weights if key.startswith("+b"))
+    assert bins == ["0", "3"]  # u's 0.0 in bin 1, v's 4.0 in bin 4
 
 
 def test_the_dead_letter_names_the_source_position_and_carries_the_event():
-    cfg = pipeline(COUNT, REVENUE)
+    cfg = pipeline(REVENUE)
     driver = Stage1Driver(cfg)
     value = encode_envelope(
         "users.clicks/3",
         [40, 41, 41],
         [0, 0, 2],
-        [Event("a", None, 1.0), Event("b", None, 11.0), Event("c", None, 2.0)],
+        [Event("a", None, 1.0), Event("b", None, None), Event("c", None, 2.0)],
         rules=driver.rules,
     )
     pstate = new_partition_state()
@@ -208,12 +199,12 @@ def test_the_dead_letter_names_the_source_position_and_carries_the_event():
     assert rejected == []
     (dead,) = [orjson.loads(r.dead_letter()) for r in refused]
     assert dead == {
-        "reason": "stage 1: value outside [1, 10] (statistic revenue)",
+        "reason": "stage 1: missing value (statistic revenue)",
         "topic": "users.clicks",
         "partition": 3,
         "offset": 41,
         "index": 0,
-        "payload": '{"user_id":"b","value":11.0}',
+        "payload": '{"user_id":"b"}',
         "payload_truncated": False,
     }
     # A re-delivered record (the worker crashed before its offset was stored) and the

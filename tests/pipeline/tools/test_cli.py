@@ -183,6 +183,62 @@ def test_produce_refuses_what_it_cannot_write(tmp_path):
         assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+SHOP = {
+    "input": {"user_id_field": "actor.id"},
+    "privacy": {"total_epsilon": 3.0},
+    "noise": {"mode": "insecure_zero"},
+    "statistics": [
+        {"name": "views", "epsilon": 1.0, "tau": 16, "where": {"event_type": "page_view"}},
+        {
+            "name": "revenue",
+            "epsilon": 1.0,
+            "kind": "sum",
+            "tau": 5,
+            "upper": 200,
+            "resolution": 20000,
+            "value_field": "order.amount",
+            "where": {"event_type": ["purchase", "refund"]},
+        },
+        {
+            "name": "basket",
+            "epsilon": 1.0,
+            "kind": "mean",
+            "value_field": "amount",
+            "key": "buy",
+            "mean": {"lower": 0, "upper": 200, "max_samples_per_user": 4},
+        },
+    ],
+}
+
+
+def test_check_config_names_the_fields_each_statistic_reads(tmp_path):
+    out = run("check-config", write(tmp_path, SHOP))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert '    reads user id actor.id, only event_type = "page_view"' in lines
+    assert (
+        "    reads user id actor.id, value order.amount clipped into [0, 200] on a 0.01 grid, "
+        'only event_type in ["purchase","refund"]'
+    ) in lines
+    assert "    reads user id actor.id, value amount clipped into [0, 200], only key = buy" in lines
+
+
+def test_check_config_refuses_a_filter_no_event_could_match_naming_it(tmp_path):
+    cases = [
+        ({"where": {"event_type": []}}, "statistics[1].where.event_type: an empty list"),
+        ({"where": {"order.amount": "big"}}, "statistics[1].where.order.amount: the statistic's"),
+        ({"where": {"order": "x"}}, "statistics[1].where.order: order.amount is read below it"),
+        ({"key": "buy", "where": {"key": "sell"}}, "statistics[1].where.key: contradicts key: buy"),
+    ]
+    for change, message in cases:
+        stats = [SHOP["statistics"][0], {**SHOP["statistics"][1], **change}]
+        out = run("check-config", write(tmp_path, {**SHOP, "statistics": stats}))
+        assert out.returncode != 0 and message in out.stderr, (change, out.stderr)
+    counted = {**SHOP["statistics"][0], "value_field": "amount"}
+    out = run("check-config", write(tmp_path, {**SHOP, "statistics": [counted]}))
+    assert "statistics[0].value_field: kind count takes no value" in out.stderr
+
+
 def test_metrics_endpoint_from_the_config_and_the_flags():
     from dpstream.config.schema import ConfigError, parse_config
     from dpstream.pipeline.tools.cli import build_parser, metrics_endpoint

@@ -36,8 +36,6 @@ ANY_KEY = Limits(max_record_bytes=2048, max_user_id_length=64, known_keys=None)
         (b'{"user_id": 42}', "user_id is not a string"),
         (b'{"user_id": "  "}', "empty user_id"),
         (b'{"user_id": "' + b"u" * 65 + b'"}', "user_id too long"),
-        (b'{"user_id": "u", "value": "3"}', "value is not a number"),
-        (b'{"user_id": "u", "value": true}', "value is not a number"),
         (b'{"user_id": "u", "value": NaN}', "non-finite number (NaN or infinity)"),
         (b'{"user_id": "u", "value": 1e999}', "non-finite number (NaN or infinity)"),
         (b'{"user_id": "u", "key": 7}', "key is not a string"),
@@ -54,6 +52,12 @@ def test_bad_events_are_rejected_with_their_reason(payload, reason):
         decode_events(payload, None, limits)
     assert info.value.reason == reason
     assert "u" * 10 not in info.value.reason  # reasons never echo payloads
+
+
+def test_a_value_no_statistic_reads_does_not_matter():
+    # No statistic needs a value: a count counts the event whatever its "value" holds.
+    for payload in (b'{"user_id": "u", "value": "3"}', b'{"user_id": "u", "value": true}'):
+        assert decode_events(payload, None, ANY_KEY)[0][0].value is None
 
 
 def test_a_statistic_without_key_filter_accepts_every_key():
@@ -93,11 +97,6 @@ def _valued_limits():
 @pytest.mark.parametrize(
     ("event", "reason"),
     [
-        ({"key": "buy"}, "value is not an integer (statistic spend)"),
-        ({"key": "buy", "value": 2.5}, "value is not an integer (statistic spend)"),
-        ({"key": "buy", "value": 11}, "value outside [1, 10] (statistic spend)"),
-        ({"key": "buy", "value": 0}, "value outside [1, 10] (statistic spend)"),
-        ({"key": "page"}, "missing value (statistic seen)"),
         (
             {"key": "page", "op": "delete", "value": 1},
             "op delete: no statistic with deletions counts this event",
@@ -105,7 +104,6 @@ def _valued_limits():
         ({"key": "cart", "op": "remove"}, "op is not insert or delete"),
         ({"key": "cart", "op": None}, "op is not insert or delete"),
         ({"key": "cart", "op": ["delete"]}, "op is not insert or delete"),
-        ({"key": "buy", "value": True}, "value is not a number"),
         ({"key": "buy", "value": 3, "ts": False}, "ts is not a number or string"),
         ({"key": "buy", "value": 3, "ts": None, "op": "insert"}, None),
     ],
@@ -117,6 +115,58 @@ def test_statistics_reject_events_they_cannot_use(event, reason):
     with pytest.raises(BadRecord) as info:
         parse_event({"user_id": "u", **event}, _valued_limits())
     assert str(info.value) == reason
+
+
+@pytest.mark.parametrize(
+    ("event", "value", "tally"),
+    [
+        # The count "n" counts every event: a value another statistic cannot use does not
+        # lose the event, and the failure is counted for that statistic.
+        ({"key": "buy"}, None, {"missing value (statistic spend)": 1}),
+        ({"key": "buy", "value": True}, None, {"value is not a number (statistic spend)": 1}),
+        ({"key": "buy", "value": "12"}, None, {"value is not a number (statistic spend)": 1}),
+        ({"key": "page"}, None, {"missing value (statistic seen)": 1}),
+        # Real values are the sum's; outside [0, max_value] they are clipped, and counted.
+        ({"key": "buy", "value": 2.5}, 2.5, {}),
+        ({"key": "buy", "value": 11}, 11.0, {"clipped (statistic spend)": 1}),
+        ({"key": "buy", "value": -1}, -1.0, {"clipped (statistic spend)": 1}),
+        ({"key": "buy", "value": 0}, 0.0, {}),
+    ],
+)
+def test_an_event_one_statistic_cannot_use_is_counted_by_the_others(event, value, tally):
+    counted: dict[str, int] = {}
+    assert parse_event({"user_id": "u", **event}, _valued_limits(), counted).value == value
+    assert counted == tally
+
+
+def _no_count_limits():
+    cfg = parse_config(
+        {
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "spend", "epsilon": 1, "kind": "sum", "max_value": 10, "key": "buy"},
+                {"name": "sold", "epsilon": 1, "kind": "histogram", "bins": 4, "key": "buy"},
+                {"name": "seen", "epsilon": 1, "kind": "distinct", "key": "page"},
+            ],
+        }
+    )
+    return limits_for(cfg)
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"key": "buy"}, "missing value (statistics spend, sold)"),
+        ({"key": "buy", "value": "3"}, "value is not a number (statistics spend, sold)"),
+        ({"key": "page", "value": None}, "missing value (statistic seen)"),
+    ],
+)
+def test_an_event_no_statistic_can_use_is_dead_lettered_naming_them(event, reason):
+    counted: dict[str, int] = {}
+    with pytest.raises(BadRecord) as info:
+        parse_event({"user_id": "u", **event}, _no_count_limits(), counted)
+    assert str(info.value) == reason
+    assert counted == {}  # a dead letter is counted as one, not per statistic
 
 
 def test_good_valued_and_delete_events():
@@ -215,3 +265,147 @@ def test_a_dpstream_header_without_a_value_is_an_unknown_kind():
     assert header_kind([("dpstream", None)]) == b""
     with pytest.raises(BadRecord, match="unknown dpstream header"):
         decode_events(b'{"user_id": "u"}', b"", ANY_KEY)
+
+
+def _shop(**input_fields):
+    """The purchases of a shop whose events name their type and amount: a count of page
+    views, a count of purchases, a revenue sum and a basket mean of the same field."""
+    return parse_config(
+        {
+            "input": input_fields,
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "views", "epsilon": 1, "tau": 4, "where": {"event_type": "page_view"}},
+                {
+                    "name": "buys",
+                    "epsilon": 1,
+                    "tau": 4,
+                    "where": {"event_type": ["purchase", "refund"], "shop.region": "eu"},
+                },
+                {
+                    "name": "revenue",
+                    "epsilon": 1,
+                    "kind": "sum",
+                    "tau": 3,
+                    "upper": 200,
+                    "resolution": 20000,
+                    "value_field": "order.total",
+                    "where": {"event_type": "purchase"},
+                },
+                {
+                    "name": "basket",
+                    "epsilon": 1,
+                    "kind": "mean",
+                    "value_field": "order.total",
+                    "where": {"event_type": "purchase"},
+                    "mean": {"lower": 0, "upper": 200, "max_samples_per_user": 4},
+                },
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("event", "outcome"),
+    [
+        ({"event_type": "page_view"}, {}),
+        # Membership, a nested field ANDed: a refund outside the eu is nobody's.
+        ({"event_type": "refund", "shop": {"region": "eu"}}, {}),
+        ({"event_type": "refund", "shop": {"region": "us"}}, "no statistic's where matches"),
+        ({"event_type": "signup"}, "no statistic's where matches"),
+        ({"event_type": 1}, "no statistic's where matches"),  # a number is not "1"
+        # A purchase with a bad amount still counts as a purchase (eu): the sum and the
+        # mean fail, and say so; without the eu region nobody can use it.
+        (
+            {"event_type": "purchase", "shop": {"region": "eu"}, "order": {"total": "9,99"}},
+            {
+                "order.total is not a number (statistic revenue)": 1,
+                "order.total is not a number (statistic basket)": 1,
+            },
+        ),
+        (
+            {"event_type": "purchase", "order": {}},
+            "missing order.total (statistics revenue, basket)",
+        ),
+        (
+            {"event_type": "purchase", "order": {"total": 250}},
+            {"clipped (statistic revenue)": 1, "clipped (statistic basket)": 1},
+        ),
+    ],
+)
+def test_where_filters_select_events_by_equality_membership_and_nested_fields(event, outcome):
+    limits = limits_for(_shop())
+    counted: dict[str, int] = {}
+    if isinstance(outcome, str):
+        with pytest.raises(BadRecord) as info:
+            parse_event({"user_id": "u", **event}, limits, counted)
+        assert info.value.reason == outcome
+        return
+    parse_event({"user_id": "u", **event}, limits, counted)
+    assert counted == outcome
+
+
+def test_the_fields_read_by_path_go_through_the_envelope_and_the_log_form():
+    from dpstream.pipeline.wire.records import decode_envelope, encode_envelope
+
+    limits = limits_for(_shop(user_id_field="actor.id"))
+    raw = {
+        "actor": {"id": "u"},
+        "event_type": "purchase",
+        "shop": {"region": "eu", "name": "not read"},
+        "order": {"total": 12.5, "items": [1, 2]},
+    }
+    event = parse_event(raw, limits)
+    assert event.attrs == (("event_type", "purchase"), ("order.total", 12.5), ("shop.region", "eu"))
+    assert event_json(event) == {
+        "user_id": "u",
+        "event_type": "purchase",
+        "order": {"total": 12.5},
+        "shop": {"region": "eu"},
+    }
+    envelope = decode_envelope(encode_envelope("s/0", [0], [0], [event], rules="r"))
+    assert envelope.events == [event]
+
+
+def test_the_rules_fingerprint_keeps_the_old_form_and_covers_fields_and_filters():
+    from dpstream.pipeline.wire.records import rules_fingerprint
+
+    legacy = parse_config(
+        {
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "views", "epsilon": 1, "tau": 4, "key": "view"},
+                {
+                    "name": "revenue",
+                    "epsilon": 1,
+                    "kind": "sum",
+                    "tau": 10,
+                    "max_value": 200,
+                    "key": "buy",
+                },
+                {"name": "sizes", "epsilon": 1, "kind": "histogram", "bins": 8, "key": "buy"},
+                {
+                    "name": "basket",
+                    "epsilon": 1,
+                    "kind": "mean",
+                    "key": "buy",
+                    "mean": {"lower": 0, "upper": 200, "max_samples_per_user": 4},
+                },
+            ],
+        }
+    )
+    assert rules_fingerprint(limits_for(legacy), 3) == "f232e788ce524ae1"  # as before
+    shop = _shop()
+    seen = {rules_fingerprint(limits_for(shop), 3)}
+    for n, change in enumerate(
+        [
+            {"value_field": "order.net"},
+            {"where": {"event_type": "sale"}},
+            {"where": {"event_type": ["purchase", "sale"]}},
+        ]
+    ):
+        stats = [s.model_dump(by_alias=True, exclude_unset=True) for s in shop.statistics]
+        stats[2] = {**stats[2], **change}
+        other = parse_config({"privacy": {"total_epsilon": 4}, "statistics": stats})
+        seen.add(rules_fingerprint(limits_for(other), 3))
+        assert len(seen) == n + 2

@@ -110,6 +110,7 @@ events_st = st.lists(
         values_st,
         st.booleans(),
         st.one_of(cells_st, st.just(long_cell)),
+        st.just(()),
     ),
     min_size=1,
     max_size=40,
@@ -160,7 +161,7 @@ def test_every_reason_of_the_ingest_is_given_by_the_columns():
         Event("a", "buy", None),
         Event("a", "buy", 2.5),
         Event("a", "buy", 11.0),
-        Event("a", "buy", 5.0),  # the sum's R is 10, the histogram's bins 4
+        Event("a", "buy", 5.0),  # the sum's R is 10, the histogram's bins 4: clipped
         Event("a", "page", None),
         Event("a", "rate", None),
         Event("a", "view", None, True),
@@ -177,10 +178,7 @@ def test_every_reason_of_the_ingest_is_given_by_the_columns():
         (1, "user_id too long"),
         (2, "missing key"),
         (3, "unknown statistic key"),
-        (4, "value is not an integer (statistic spend)"),
-        (5, "value is not an integer (statistic spend)"),
-        (6, "value outside [1, 10] (statistic spend)"),
-        (7, "value outside [1, 4] (statistic sizes)"),
+        (4, "missing value (statistics spend, sizes)"),  # 2.5, 11.0, 5.0: clipped, used
         (8, "missing value (statistic seen)"),
         (9, "missing value (statistic avg)"),
         (10, "op delete: no statistic with deletions counts this event"),
@@ -201,3 +199,68 @@ def test_nothing_is_refused_in_what_an_ingest_under_the_same_rules_sends(partiti
         events = [Event(u, "buy", float(1 + i % 4)) for i, u in enumerate(mine)]
         raw = encode_envelope("s/0", list(range(len(mine))), [0] * len(mine), events, rules="r")
         assert refused_rows(decode_envelope(raw).batch, limits, partition, partitions) == []
+
+
+FIELDS = [
+    {"name": "views", "epsilon": 1.0, "tau": 4, "where": {"event_type": "page_view"}},
+    {
+        "name": "revenue",
+        "epsilon": 1.0,
+        "kind": "sum",
+        "tau": 3,
+        "upper": 200,
+        "resolution": 20000,
+        "value_field": "order.total",
+        "where": {"event_type": ["purchase", "refund"], "shop.region": "eu"},
+    },
+    {
+        "name": "sizes",
+        "epsilon": 1.0,
+        "kind": "histogram",
+        "bins": 4,
+        "value_field": "order.items",
+        "where": {"event_type": "purchase"},
+    },
+]
+types_st = st.sampled_from([None, "page_view", "purchase", "refund", "signup", 1, True])
+regions_st = st.sampled_from([None, "eu", "us"])
+totals_st = st.sampled_from([None, 0, 12.5, 250, -1.0, "9,99", False])
+attrs_st = st.builds(
+    lambda t, r, total, items: tuple(
+        (p, x)
+        for p, x in (
+            ("event_type", t),
+            ("order.items", items),
+            ("order.total", total),
+            ("shop.region", r),
+        )
+        if x is not None
+    ),
+    types_st,
+    regions_st,
+    totals_st,
+    totals_st,
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    events=st.lists(
+        st.builds(
+            Event, users_st, st.just(None), st.just(None), st.just(False), st.just(()), attrs_st
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_refused_rows_with_value_fields_and_filters_are_the_ingests(events):
+    cfg = pipeline(FIELDS, partitions=1)
+    limits = limits_for(cfg)
+    raw = encode_envelope("src/0", list(range(len(events))), [0] * len(events), events, rules="r")
+    expected = []
+    for row, event in enumerate(events):
+        try:
+            parse_event(orjson.loads(orjson.dumps(event_json(event))), limits)
+        except BadRecord as exc:
+            expected.append((row, exc.reason))
+    assert refused_rows(decode_envelope(raw).batch, limits, 0, 1) == expected
