@@ -86,14 +86,17 @@ class IngestFailed(DpStreamError):
 class IngestReport:
     """What an ingest has done since it started, for its worker's metrics: source
     records read, valid events sent to the events topic, dead letters by reason, partition
-    assignments received, and the lag of each source partition it holds, by (topic,
-    partition). Totals, not increments: a report lost on the way loses nothing."""
+    assignments received, the lag of each source partition it holds, by (topic,
+    partition), and per statistic the values clipped and the rule failures on events other
+    statistics used, by (statistic, what). Totals, not increments: a report lost on the way
+    loses nothing."""
 
     records: int = 0
     events: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
     rebalances: int = 0
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    by_statistic: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class _Partition(TypedDict, total=False):
@@ -230,7 +233,7 @@ class Ingest:
         self.events = 0  # events sent to the events topic so far
         self.rejected: Counter[str] = Counter()  # dead letters so far, by reason
         # Per statistic: values clipped, rule failures on events others counted (exact).
-        self.by_statistic: Counter[str] = Counter()
+        self.by_statistic: Counter[tuple[str, str]] = Counter()  # (statistic, what)
         self.assignments = 0  # partition assignments received so far
         self._interval_events = 0  # since the last progress line (LOG_SECONDS)
         self._interval_rejected: Counter[str] = Counter()
@@ -268,12 +271,18 @@ class Ingest:
         self._interval_events, self._interval_rejected = 0, Counter()
         if self.by_statistic:
             # Exact counts of the users' values (docs/security.md, section 5): operators'.
-            log.info("per statistic so far: %s", dict(sorted(self.by_statistic.items())))
+            counts = {f"{what} (statistic {s})": n for (s, what), n in self.by_statistic.items()}
+            log.info("per statistic so far: %s", dict(sorted(counts.items())))
 
     def report(self) -> IngestReport:
         """What this ingest has done so far, and its lag."""
         return IngestReport(
-            self.records, self.events, dict(self.rejected), self.assignments, self.lag()
+            self.records,
+            self.events,
+            dict(self.rejected),
+            self.assignments,
+            self.lag(),
+            dict(self.by_statistic),
         )
 
     def _report(self) -> None:

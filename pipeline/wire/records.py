@@ -163,9 +163,11 @@ def header_kind(headers: Iterable[tuple[str, bytes]] | dict[str, bytes] | None) 
     return None
 
 
-Tally = dict[str, int]
-"""What the ingest counts per statistic, by "<what> (statistic <name>)": the values it
-clipped ("clipped") and the events it could not use that others did (their reason)."""
+Tally = dict[tuple[str, str], int]
+"""What the ingest counts per statistic, by (statistic, what): the values it clipped
+(what: ``CLIPPED``) and the events it could not use that others did (what: the reason)."""
+
+CLIPPED = "clipped"
 
 
 def parse_event(obj: object, limits: Limits, tally: Tally | None = None) -> Event:
@@ -374,7 +376,7 @@ def _check_values(
         if tally is not None and rule.bounds is not None:
             lower, upper = rule.bounds
             if not lower <= value <= upper:  # type: ignore[operator]  # not None: checked
-                what = f"clipped (statistic {rule.statistic})"
+                what = (rule.statistic, CLIPPED)
                 tally[what] = tally.get(what, 0) + 1
     if not used:
         raise BadRecord(failure_reason(failed) if failed else "no statistic's where matches")
@@ -382,7 +384,7 @@ def _check_values(
         return
     if tally is not None:
         for reason, statistic in failed:
-            what = f"{reason} (statistic {statistic})"
+            what = (statistic, reason)
             tally[what] = tally.get(what, 0) + 1
 
 

@@ -31,6 +31,7 @@ from dpstream.operators.accounting import PrivacyStatement
 
 from ..ingest.consumer import IngestReport
 from ..stages.drivers import FOREIGN_RULES, Stage1Outcome, Stage2Outcome, statistics_by_partition
+from ..wire.records import CLIPPED
 from .clock import last_due_tick, last_ended_tick
 
 MAX_REASONS = 100
@@ -117,6 +118,16 @@ class WorkerMetrics:
             "dpstream_dead_letters_total",
             "Records and events sent to the dead-letter topic, by stage and reason.",
             ["stage", "reason"],
+        )
+        self.values_clipped = self._counter(
+            "dpstream_values_clipped_total",
+            "Values the ingest clipped into a statistic's bounds.",
+            ["statistic"],
+        )
+        self.rule_failures = self._counter(
+            "dpstream_rule_failures_total",
+            "Events a statistic could not use (its reason) that another statistic counted.",
+            ["statistic", "reason"],
         )
         self.ingest_lag = self._gauge(
             "dpstream_ingest_lag_records",
@@ -284,8 +295,20 @@ class WorkerMetrics:
                 for reason, total in report.dead_letters.items()
             }
             self._dead_letters("ingest", {r: n for r, n in grown.items() if n})
+            self._by_statistic(report, last)
             self._lag = dict(report.lag)
             self._ingest = report
+
+    def _by_statistic(self, report: IngestReport, last: IngestReport) -> None:
+        """The per-statistic clip and rule-failure counts that grew since ``last``."""
+        for (statistic, what), total in report.by_statistic.items():
+            n = _grown(total, last.by_statistic.get((statistic, what), 0))
+            if not n:
+                continue
+            if what == CLIPPED:
+                self.values_clipped.labels(statistic).inc(n)
+            else:  # reasons are fixed texts naming config fields, never payloads
+                self.rule_failures.labels(statistic, reason_label(what)).inc(n)
 
     def assigned(self, events: frozenset[int], stage2: frozenset[int]) -> None:
         """A rebalance assigned these partitions of the events and stage-2 topics: what

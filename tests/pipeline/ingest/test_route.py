@@ -120,7 +120,7 @@ def test_route_counts_clipped_values_per_statistic():
     ]
     routed = route(records, LIMITS, 3)
     assert routed.events == 3 and not routed.dead_letters
-    assert routed.tally == {"clipped (statistic sum)": 2}  # 9 and -1 outside [0, 4]
+    assert routed.tally == {("sum", "clipped"): 2}  # 9 and -1 outside [0, 4]
 
 
 def test_the_user_id_may_be_a_nested_field():

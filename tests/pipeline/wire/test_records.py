@@ -122,19 +122,19 @@ def test_statistics_reject_events_they_cannot_use(event, reason):
     [
         # The count "n" counts every event: a value another statistic cannot use does not
         # lose the event, and the failure is counted for that statistic.
-        ({"key": "buy"}, None, {"missing value (statistic spend)": 1}),
-        ({"key": "buy", "value": True}, None, {"value is not a number (statistic spend)": 1}),
-        ({"key": "buy", "value": "12"}, None, {"value is not a number (statistic spend)": 1}),
-        ({"key": "page"}, None, {"missing value (statistic seen)": 1}),
+        ({"key": "buy"}, None, {("spend", "missing value"): 1}),
+        ({"key": "buy", "value": True}, None, {("spend", "value is not a number"): 1}),
+        ({"key": "buy", "value": "12"}, None, {("spend", "value is not a number"): 1}),
+        ({"key": "page"}, None, {("seen", "missing value"): 1}),
         # Real values are the sum's; outside [0, max_value] they are clipped, and counted.
         ({"key": "buy", "value": 2.5}, 2.5, {}),
-        ({"key": "buy", "value": 11}, 11.0, {"clipped (statistic spend)": 1}),
-        ({"key": "buy", "value": -1}, -1.0, {"clipped (statistic spend)": 1}),
+        ({"key": "buy", "value": 11}, 11.0, {("spend", "clipped"): 1}),
+        ({"key": "buy", "value": -1}, -1.0, {("spend", "clipped"): 1}),
         ({"key": "buy", "value": 0}, 0.0, {}),
     ],
 )
 def test_an_event_one_statistic_cannot_use_is_counted_by_the_others(event, value, tally):
-    counted: dict[str, int] = {}
+    counted: dict[tuple[str, str], int] = {}
     assert parse_event({"user_id": "u", **event}, _valued_limits(), counted).value == value
     assert counted == tally
 
@@ -319,8 +319,8 @@ def _shop(**input_fields):
         (
             {"event_type": "purchase", "shop": {"region": "eu"}, "order": {"total": "9,99"}},
             {
-                "order.total is not a number (statistic revenue)": 1,
-                "order.total is not a number (statistic basket)": 1,
+                ("revenue", "order.total is not a number"): 1,
+                ("basket", "order.total is not a number"): 1,
             },
         ),
         (
@@ -329,7 +329,7 @@ def _shop(**input_fields):
         ),
         (
             {"event_type": "purchase", "order": {"total": 250}},
-            {"clipped (statistic revenue)": 1, "clipped (statistic basket)": 1},
+            {("revenue", "clipped"): 1, ("basket", "clipped"): 1},
         ),
     ],
 )

@@ -100,6 +100,18 @@ def test_ingest_reports_are_totals_counted_once_each():
     assert value(metrics, "dpstream_rebalances_total", consumer="ingest") == 2
 
 
+def test_values_clipped_and_rule_failures_are_counted_per_statistic_once_each():
+    metrics = WorkerMetrics(CFG)
+    tally = {("revenue", "clipped"): 3, ("revenue", "missing amount"): 2}
+    report = IngestReport(10, 10, {}, 1, {}, tally)
+    metrics.ingest_report(report)
+    metrics.ingest_report(report)  # the same totals again: nothing grew
+    metrics.ingest_report(IngestReport(12, 12, {}, 1, {}, {**tally, ("revenue", "clipped"): 4}))
+    assert value(metrics, "dpstream_values_clipped_total", statistic="revenue") == 4
+    failed = {"statistic": "revenue", "reason": "missing amount"}
+    assert value(metrics, "dpstream_rule_failures_total", **failed) == 2
+
+
 def test_reasons_are_labelled_without_foreign_fingerprints_and_bounded():
     foreign = f"{FOREIGN_RULES} (abc123, this stage 1's: def456)"
     assert reason_label(foreign) == FOREIGN_RULES
