@@ -3,7 +3,8 @@ issue 29): a worker with zero noise over a real broker registers each release to
 schema in the local Apicurio Registry (the ``schema_registry`` fixture), and a downstream
 consumer written as a user would write it, knowing nothing of dpstream (confluent-kafka's
 ``Consumer`` and ``AvroDeserializer`` with a ``SchemaRegistryClient``), reads releases
-that are the exact counts and equal the replay of the exported log.
+that are the exact counts and equal the replay of the exported log; dpstream's client and
+``dpstream tail`` read the same releases from the Avro topic.
 
 Run them alone with ``pytest -m registry``.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +27,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from dpstream.client import releases
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.worker.processes import spawn_worker
 from dpstream.testing import unique_names
@@ -138,6 +142,20 @@ def test_a_downstream_avro_consumer_reads_the_releases_replay_makes(
         released = without_absent_fields(schema_registry, topic, got[topic])
         assert released, name
         assert replayed[name][: len(released)] == released, name
+        if name == "views":
+            views_released = released
+    # dpstream's own readers of the topic (the worker has stopped: it holds what the
+    # consumer read and maybe more): the client and `dpstream tail`, the same typed
+    # records and JSON lines as from a JSON topic.
+    typed = [dict(r.fields) for r in releases("views", bootstrap, cfg)]
+    assert typed[: len(views_released)] == views_released
+    tail = subprocess.run(
+        [sys.executable, "-m", "dpstream.pipeline.tools.cli", "tail", "views", "--config",
+         str(path), "--bootstrap", bootstrap, "--from-beginning", "--max", str(len(typed)),
+         "--timeout", "120"],
+        capture_output=True, text=True, timeout=180, check=True,
+    )  # fmt: skip
+    assert [orjson.loads(line) for line in tail.stdout.splitlines()] == typed
     # The user-level count's topic has its own shape (tau, instance, svt_index, ...).
     auto = without_absent_fields(schema_registry, topics["views_auto"], got[topics["views_auto"]])
     assert {"tau", "svt_index", "epsilon_spent"} <= set(auto[-1])
