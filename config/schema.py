@@ -83,8 +83,9 @@ def _no_inline_secret(data: object, names: tuple[str, ...], remedy: str) -> obje
 
 
 class SchemaRegistryConfig(_Model):
-    """The Schema Registry the source records' schemas come from (``input.format`` avro,
-    protobuf or json_schema): any registry that serves Confluent's API, Confluent's own or
+    """A Schema Registry: where the source records' schemas come from (``input.format``
+    avro, protobuf or json_schema), or where the release topics' schemas are registered
+    (``outputs.format`` avro): any registry that serves Confluent's API, Confluent's own or
     Apicurio's ``/apis/ccompat/v7``. Mapped by ``pipeline/kafka/schema_registry.py``; see
     docs/security.md.
 
