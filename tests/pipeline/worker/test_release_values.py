@@ -62,3 +62,20 @@ def test_an_unreachable_registry_names_the_field():
     cfg = config({"format": "avro", "schema_registry": {"url": "http://127.0.0.1:9"}})
     with pytest.raises(ConfigError, match=r"outputs.schema_registry.url: .*dp.views-value"):
         release_encoders(cfg)
+
+
+def test_a_refused_schema_stops_the_start_naming_the_subject(monkeypatch):
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    client = SchemaRegistryClient.new_client({"url": "mock://release-values-refused"})
+
+    def refuse(subject_name, schema, *args, **kwargs):
+        raise SchemaRegistryError(409, 409, "Schema being registered is incompatible")
+
+    monkeypatch.setattr(client, "register_schema", refuse)
+    monkeypatch.setattr(schema_registry, "make_client", lambda reg, section: client)
+    cfg = config({"format": "avro", "schema_registry": {"url": "http://registry.test:8081"}})
+    with pytest.raises(
+        ConfigError, match=r"outputs.schema_registry: .* subject dp.views-value \(HTTP 409"
+    ):
+        release_encoders(cfg)
