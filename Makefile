@@ -45,8 +45,9 @@ browser:
 			--no-install-recommends chromium chromium-driver; \
 	fi
 
-# The published JSON Schemas (docs/schemas/) from statistics/releases.py, where the
-# releases and ledger entries are built; tests/client/test_schemas.py fails when they differ.
+# The published JSON Schemas and the release topics' Avro schemas (docs/schemas/) from
+# statistics/releases.py, where the releases and ledger entries are built;
+# tests/client/test_schemas.py and tests/statistics/test_avro_schemas.py fail when they differ.
 schemas: $(STAMP)
 	$(PY) -m dpstream.client.schemas --out docs/schemas
 

@@ -21,11 +21,23 @@ from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
+from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig, SchemaRegistryConfig
+from dpstream.pipeline.kafka.schema_registry import make_client
 from dpstream.pipeline.kafka.security import confluent_config
 from dpstream.pipeline.kafka.topics import group_id
+from dpstream.statistics import avro_schemas
 
-from .records import DeadLetter, LedgerEntry, Position, Release, dead_letter, ledger_entry, release
+from .records import (
+    DeadLetter,
+    LedgerEntry,
+    Position,
+    RecordError,
+    Release,
+    dead_letter,
+    ledger_entry,
+    release,
+    release_of,
+)
 
 T = TypeVar("T")
 
@@ -44,6 +56,7 @@ def releases(
     follow: bool = False,
     validate: bool = True,
     stop: threading.Event | None = None,
+    schema_registry: SchemaRegistryConfig | None = None,
 ) -> Generator[Release]:
     """The releases of ``statistic``, in tick order (its topic has one partition).
 
@@ -57,14 +70,64 @@ def releases(
         validate: check each release against its published schema (about 1.5 ms a record;
             off for bulk reads of a trusted topic).
         stop: set by another thread to end a following iterator within ``POLL_SECONDS``.
+        schema_registry: the registry of a topic written in Avro (``outputs.format: avro``);
+            with a config, its ``outputs.schema_registry`` when its format is avro. The
+            releases are the same typed records as from JSON (``AvroReleases``).
 
     Raises:
         UnknownSchemaVersion: a release of a schema version this dpstream does not know.
         RecordError: a record that is not a release of a known shape.
     """
     name = topic or _config(config, "topic").release_topic(statistic)
-    return _typed(release, name, bootstrap, config, security, f"tail-{statistic}",
-                  from_beginning, follow, validate, stop)  # fmt: skip
+    if schema_registry is None and config is not None and config.outputs.format == "avro":
+        schema_registry = config.outputs.schema_registry
+    group = f"tail-{statistic}"
+    if schema_registry is None:
+        return _typed(release, name, bootstrap, config, security, group,
+                      from_beginning, follow, validate, stop)  # fmt: skip
+    parse = AvroReleases(name, schema_registry)
+    return _closing(parse, _typed(parse, name, bootstrap, config, security, group,
+                                  from_beginning, follow, validate, stop))  # fmt: skip
+
+
+def _closing(parse: AvroReleases, records: Generator[Release]) -> Generator[Release]:
+    """``records``, then the registry client closed, however the iteration ends."""
+    try:
+        yield from records
+    finally:
+        records.close()
+        parse.close()
+
+
+class AvroReleases:
+    """Releases from an Avro release topic's values: decoded with the registry
+    (confluent-kafka's ``AvroDeserializer``, the writer's schema by the id in the value),
+    mapped back to the release as its JSON reads (``avro_schemas.from_avro``), then checked
+    and typed as a JSON release is."""
+
+    def __init__(self, topic: str, registry: SchemaRegistryConfig) -> None:
+        # Imported here: the Schema Registry's client is an extra (pyproject.toml).
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        self._client = make_client(registry, "outputs.schema_registry")
+        self._deserialize = AvroDeserializer(self._client, return_record_name=True)
+        self._context = SerializationContext(topic, MessageField.VALUE)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __call__(self, value: bytes | None, position: Position, validate: bool) -> Release:
+        from confluent_kafka.serialization import SerializationError
+
+        try:
+            decoded = self._deserialize(value, self._context)
+        except SerializationError as exc:
+            raise RecordError(
+                f"a release record at {position.topic}[{position.partition}] offset "
+                f"{position.offset} that does not decode with its Avro schema ({exc})"
+            ) from None
+        return release_of(avro_schemas.from_avro(decoded), position, validate)
 
 
 def ledger(

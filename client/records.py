@@ -137,6 +137,14 @@ def checked(
         record = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
         raise RecordError(f"{what} that is not JSON") from None
+    return checked_record(family, record, validate, position)
+
+
+def checked_record(
+    family: str, record: object, validate: bool, position: Position | None = None
+) -> tuple[dict[str, Any], int]:
+    """As ``checked``, of a record already decoded (from Avro: ``release_of``)."""
+    what = _what(family, position)
     if not isinstance(record, dict):
         raise RecordError(f"{what} that is not a JSON object")
     # Dead letters name no version: the first shape is version 1.
@@ -189,6 +197,16 @@ def release(
     record, version = checked(schemas.RELEASE, value, validate, position)
     with _unvalidated(schemas.RELEASE, position):
         return _release(record, version, position)
+
+
+def release_of(
+    record: Mapping[str, Any], position: Position | None = None, validate: bool = True
+) -> Release:
+    """The release of a record already decoded (an Avro release topic's, as its JSON reads:
+    ``avro_schemas.from_avro``), checked as ``release`` checks one."""
+    checked_dict, version = checked_record(schemas.RELEASE, dict(record), validate, position)
+    with _unvalidated(schemas.RELEASE, position):
+        return _release(checked_dict, version, position)
 
 
 def _release(record: dict[str, Any], version: int, position: Position | None) -> Release:

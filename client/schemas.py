@@ -6,7 +6,8 @@ the package ``dpstream.schemas``.
 They are generated from the ``TypedDict``\\ s the records are built by
 (``statistics/releases.py``; ``DeadLetterRecord`` in ``pipeline/wire/records.py``), with the
 kinds the registry maps to each release shape (``registry.release_shapes``):
-``python -m dpstream.client.schemas`` (``make schemas``) writes the current versions; the
+``python -m dpstream.client.schemas`` (``make schemas``) writes the current versions (and
+the release topics' Avro schemas, ``statistics/avro_schemas.py``); the
 files of earlier versions stay, for records written under them. Each schema is exact: it
 lists every field, requires those always present and allows no other, so any change of
 shape changes the generated file, and tests/client/test_schemas.py refuses that until the
@@ -32,7 +33,6 @@ from typing import (
     Union,
     get_args,
     get_origin,
-    get_type_hints,
     is_typeddict,
 )
 
@@ -40,7 +40,7 @@ from jsonschema import Draft202012Validator
 
 from dpstream.config.schema import KINDS
 from dpstream.pipeline.wire.records import DEAD_LETTER_SCHEMA_VERSION, DeadLetterRecord
-from dpstream.statistics import registry
+from dpstream.statistics import avro_schemas, registry
 from dpstream.statistics.releases import (
     LEDGER_ENTRIES,
     LEDGER_SCHEMA_VERSION,
@@ -49,6 +49,7 @@ from dpstream.statistics.releases import (
     Items,
     ReleaseHeader,
     Signature,
+    fields_of,
 )
 
 RELEASE, LEDGER, DEAD_LETTER = "release", "ledger", "dead-letter"
@@ -149,13 +150,10 @@ def object_schema(
         out["description"] = " ".join(doc.split("\n\n")[0].split()).replace("``", "")
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for part in parts:
-        for name, hint in get_type_hints(part, include_extras=True).items():
-            properties[name] = fixed.get(name) or type_schema(hint)
-            # Read from the annotation: under ``from __future__ import annotations``,
-            # Python 3.11's ``__required_keys__`` does not see NotRequired.
-            if get_origin(hint) is not NotRequired:
-                required.append(name)
+    for name, hint, always in fields_of(parts):
+        properties[name] = fixed.get(name) or type_schema(hint)
+        if always:
+            required.append(name)
     out.update(type="object", properties=properties, required=required)
     out["additionalProperties"] = False
     return out
@@ -222,7 +220,7 @@ def validator(family: str, version: int) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
-def dumps(schema: dict[str, Any]) -> str:
+def dumps(schema: dict[str, Any] | list[dict[str, Any]]) -> str:
     """A schema file's text (how ``main`` writes it and the test compares it)."""
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
@@ -231,13 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dpstream.client.schemas",
         description="write the current JSON Schemas of the releases, ledger entries and "
-        "dead letters",
+        "dead letters, and the Avro schemas of the release topics",
     )
     repository = Path(__file__).resolve().parents[1] / "docs" / "schemas"
     parser.add_argument("--out", type=Path, default=repository, help=f"default: {repository}")
     out = parser.parse_args(argv).out
     out.mkdir(parents=True, exist_ok=True)
-    for name, schema in generate().items():
+    written: dict[str, Any] = {**generate(), **avro_schemas.generate()}
+    for name, schema in written.items():
         path = out / name
         text = dumps(schema)
         changed = not path.exists() or path.read_text("utf-8") != text

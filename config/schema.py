@@ -83,8 +83,9 @@ def _no_inline_secret(data: object, names: tuple[str, ...], remedy: str) -> obje
 
 
 class SchemaRegistryConfig(_Model):
-    """The Schema Registry the source records' schemas come from (``input.format`` avro,
-    protobuf or json_schema): any registry that serves Confluent's API, Confluent's own or
+    """A Schema Registry: where the source records' schemas come from (``input.format``
+    avro, protobuf or json_schema), or where the release topics' schemas are registered
+    (``outputs.format`` avro): any registry that serves Confluent's API, Confluent's own or
     Apicurio's ``/apis/ccompat/v7``. Mapped by ``pipeline/kafka/schema_registry.py``; see
     docs/security.md.
 
@@ -146,9 +147,7 @@ class SchemaRegistryConfig(_Model):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only applies to an https:// url")
             if self.username is not None:
-                log.warning(
-                    "input.schema_registry: basic auth over http sends the password unencrypted"
-                )
+                log.warning("schema_registry: basic auth over http sends the password unencrypted")
         return self
 
 
@@ -277,12 +276,33 @@ class TickConfig(_Model):
         return self
 
 
+OutputFormat = Literal["json", "avro"]
+
+
 class OutputConfig(_Model):
+    """Where and how the worker publishes. ``format``: how the release topics' values are
+    written: JSON (the default), or Avro in a Schema Registry's wire format (a zero byte,
+    the schema id, the payload) with each topic's schema registered under the subject
+    ``<topic>-value`` in ``schema_registry``, which avro requires: its own section, not
+    ``input.schema_registry``'s, since registering needs write access where the input
+    only reads, and the two registries can differ (docs/design.md section 7a). The ledger
+    and the dead letters stay JSON in either format."""
+
     release_topic_prefix: str = "dp."
     dead_letter_topic: str = "dpstream.dead-letter"
     ledger_topic: str = "dpstream.ledger"
+    format: OutputFormat = "json"
+    schema_registry: SchemaRegistryConfig | None = None
 
     _topics = field_validator("dead_letter_topic", "ledger_topic")(_topic_name)
+
+    @model_validator(mode="after")
+    def _registry_for_format(self) -> OutputConfig:
+        if self.format == "avro" and self.schema_registry is None:
+            raise ValueError("schema_registry: required for format avro")
+        if self.format == "json" and self.schema_registry is not None:
+            raise ValueError("schema_registry: only applies to format avro")
+        return self
 
 
 class MetricsConfig(_Model):

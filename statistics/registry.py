@@ -131,6 +131,14 @@ def release_shapes() -> dict[type, list[str]]:
     return out
 
 
+def release_fields(stat: StatisticConfig, cfg: PipelineConfig) -> type:
+    """The shape of ``stat``'s releases (its module's ``RELEASE_FIELDS``): which of its
+    kind's shapes, where the kind has two, is the config's choice (the Avro schema of its
+    topic, ``dpstream.client.avro_schemas``)."""
+    module: ModuleType = REGISTRY[stat.kind].module_for(stat, cfg)
+    return module.RELEASE_FIELDS  # type: ignore[no-any-return]
+
+
 def default_tree(stat: StatisticConfig) -> tuple[str, int | None]:
     """(mechanism, k) of a NEW statistic that names no mechanism: a count, sum or histogram
     without a horizon (fixed tau, or tau: auto's instances) runs the least-error tree for

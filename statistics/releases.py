@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_origin, get_type_hints
 
 from dpstream.config.schema import PipelineConfig
 from dpstream.operators.accounting import Charge, PrivacyStatement
@@ -108,8 +108,11 @@ class CounterFields(TypedDict):
 
 class TrackedBound(TypedDict):
     """The bound a ``tau: auto`` statistic tracks privately (``user_level.series_fields``):
-    tau, the truncation instance and the SVT index (and the deletion stream's tau)."""
+    tau, the truncation instance and the SVT index (and the deletion stream's tau), after
+    the release's step (declared here, first, because its releases write it first: the
+    key order the Avro schemas follow)."""
 
+    step: int
     tau: int
     instance: int
     svt_index: int
@@ -120,7 +123,6 @@ class UserLevelFields(TrackedBound):
     """A ``tau: auto`` count, sum or distinct count (Dong-Luo-Yi Alg. 5), and the epsilon
     its tracker and instances have spent so far (below its epsilon)."""
 
-    step: int
     value: int | float  # post-processed (section 5c); a sum on a grid: units times grid_step
     std: float
     interval: Interval
@@ -133,7 +135,6 @@ class HistogramFields(TrackedBound):
     """A ``tau: auto`` histogram: per bin (values 1..R) its value, std and interval, and
     the max frequency (post-processing)."""
 
-    step: int
     values: list[int]  # post-processed (docs/design.md section 5c)
     std: list[float]
     intervals: list[Interval]
@@ -381,6 +382,19 @@ LEDGER_ENTRIES: tuple[tuple[type, ...], ...] = (
     (LedgerHeader, ExhaustedEntryFields),
 )
 """Every ledger entry, as the fields it is made of (each signed: ``Signature``)."""
+
+
+def fields_of(parts: tuple[type, ...]) -> list[tuple[str, Any, bool]]:
+    """(name, annotation, always present) of each field of the ``TypedDict``\\ s ``parts``
+    merged, in order: the one walk of the record shapes that the JSON Schemas and the Avro
+    schemas (``dpstream.client``) are both made from."""
+    return [
+        # Read from the annotation: under ``from __future__ import annotations``,
+        # Python 3.11's ``__required_keys__`` does not see NotRequired.
+        (name, hint, get_origin(hint) is not NotRequired)
+        for part in parts
+        for name, hint in get_type_hints(part, include_extras=True).items()
+    ]
 
 
 def tree_field(tree: tuple[str, int]) -> TreeField:

@@ -1,4 +1,5 @@
-"""The ``input.schema_registry`` section mapped onto confluent-kafka's Schema Registry client.
+"""The ``input.schema_registry`` and ``outputs.schema_registry`` sections mapped onto
+confluent-kafka's Schema Registry client (``section``: which one, for the messages).
 
 One source of truth (``SchemaRegistryConfig``), one spelling: the client's configuration
 properties (``client_config``), used by the ingest's decoders and by ``dpstream produce
@@ -34,7 +35,7 @@ RETRY_WAIT_MS = 500
 RETRY_MAX_WAIT_MS = 5000
 
 
-def client_config(reg: SchemaRegistryConfig) -> dict[str, object]:
+def client_config(reg: SchemaRegistryConfig, section: str = SECTION) -> dict[str, object]:
     """Configuration properties of a ``SchemaRegistryClient`` for the section.
 
     Raises:
@@ -48,17 +49,17 @@ def client_config(reg: SchemaRegistryConfig) -> dict[str, object]:
         "retries.max.wait.ms": RETRY_MAX_WAIT_MS,
     }
     if reg.username is not None:
-        password = read_secret(SECTION, reg.password_env, reg.password_file)
+        password = read_secret(section, reg.password_env, reg.password_file)
         conf["basic.auth.user.info"] = f"{reg.username}:{password}"
     if reg.ssl_cafile is not None:
-        conf["ssl.ca.location"] = readable("ssl_cafile", reg.ssl_cafile, SECTION)
+        conf["ssl.ca.location"] = readable("ssl_cafile", reg.ssl_cafile, section)
     if reg.ssl_certfile is not None and reg.ssl_keyfile is not None:
-        conf["ssl.certificate.location"] = readable("ssl_certfile", reg.ssl_certfile, SECTION)
-        conf["ssl.key.location"] = readable("ssl_keyfile", reg.ssl_keyfile, SECTION)
+        conf["ssl.certificate.location"] = readable("ssl_certfile", reg.ssl_certfile, section)
+        conf["ssl.key.location"] = readable("ssl_keyfile", reg.ssl_keyfile, section)
     return conf
 
 
-def make_client(reg: SchemaRegistryConfig) -> SchemaRegistryClient:
+def make_client(reg: SchemaRegistryConfig, section: str = SECTION) -> SchemaRegistryClient:
     """A client of the registry (it caches schemas by id for its lifetime).
 
     Raises:
@@ -68,15 +69,16 @@ def make_client(reg: SchemaRegistryConfig) -> SchemaRegistryClient:
         from confluent_kafka.schema_registry import SchemaRegistryClient
     except ImportError:
         raise ConfigError(
-            f"input.format: a Schema Registry format needs dpstream's {EXTRA} extra "
+            f"{section.partition('.')[0]}.format: a Schema Registry format needs dpstream's "
+            f"{EXTRA} extra "
             f"(pip install 'dpstream[{EXTRA}]')"
         ) from None
-    conf = client_config(reg)
+    conf = client_config(reg, section)
     try:
         return SchemaRegistryClient(conf)
     except ssl.SSLError as exc:
         field = "ssl_certfile" if "ssl.certificate.location" in conf else "ssl_cafile"
-        raise ConfigError(f"{SECTION}.{field}: does not load ({exc.reason})") from None
+        raise ConfigError(f"{section}.{field}: does not load ({exc.reason})") from None
 
 
 def describe(reg: SchemaRegistryConfig) -> str:

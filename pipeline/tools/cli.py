@@ -290,6 +290,7 @@ def run_worker(
     from ..worker.lifecycle import Worker
     from ..worker.metrics import WorkerMetrics
     from ..worker.operations import Operations, bind
+    from ..worker.release_values import release_encoders
 
     key = load_key(cfg)  # before anything else: no key, no start
     # A port already taken stops the worker here, before it writes anything.
@@ -301,6 +302,9 @@ def run_worker(
     # A statistic that names no mechanism runs the tree the ledger says it ran, or if it is
     # new the default tree (registry.resolved): before anything is built from the config.
     cfg = resolved_config(cfg, bootstrap, key)
+    # With outputs.format avro: the release topics' schemas registered, or refused here
+    # (naming outputs.schema_registry) before the ledger records a run.
+    encoders = release_encoders(cfg)
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
     lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
@@ -316,7 +320,9 @@ def run_worker(
     try:
         replicas, _ = replication(brokers)
         metrics = WorkerMetrics(cfg, plan.statement)
-        app = create_app(cfg, bootstrap, key, datadir, handle, plan.runs, replicas, metrics)
+        app = create_app(
+            cfg, bootstrap, key, datadir, handle, plan.runs, replicas, metrics, encoders
+        )
         worker = Worker(app, ingest=handle, loglevel=loglevel, quiet=True, override_logging=True)
         if server is not None:
             operations = Operations(cfg, app, metrics, handle)

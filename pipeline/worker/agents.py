@@ -34,6 +34,7 @@ from .exits import exit_now
 from .keys import PipelineKey
 from .ledger import signed
 from .metrics import WorkerMetrics
+from .release_values import Encode
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,8 @@ class Stage1Agent:
 class Stage2Agent:
     """Stage 2 over the stage-2 topic, one record at a time (``Stage2Driver.handle``): each
     statistic's state in the ``stage2`` table (its JSON), the ledger entries signed with
-    the pipeline's key, releases and ledger entries stamped with their deadline. What each
+    the pipeline's key, releases in ``outputs.format`` (``encoders``, by statistic), releases
+    and ledger entries stamped with their deadline. What each
     record did goes to the metrics once it is stored."""
 
     def __init__(
@@ -252,9 +254,11 @@ class Stage2Agent:
         holes: HoleReader,
         dead: DeadLetters,
         metrics: WorkerMetrics,
+        encoders: Mapping[str, Encode],
     ) -> None:
         self._cfg = cfg
         self._key = key
+        self._encoders = encoders
         self._driver = driver
         self._table = table
         self._topics = topics
@@ -294,7 +298,7 @@ class Stage2Agent:
             )
         for name, release in outcome.releases:
             releases = self._topics.releases[name]
-            value = orjson.dumps(release)
+            value = self._encoders[name](release)
             sent.append(await releases.send(key=name.encode(), value=value, timestamp=stamp))
         sent += await self._dead.send(outcome.dead_letters, outcome.reasons)
         await acknowledged(sent)

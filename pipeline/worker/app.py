@@ -23,6 +23,7 @@ from .clock import PublicClock
 from .exits import exit_now
 from .keys import PipelineKey
 from .metrics import WorkerMetrics
+from .release_values import Encode, release_encoders
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def create_app(
     runs: Mapping[str, StatisticRun] | None = None,
     replicas: int = 1,
     metrics: WorkerMetrics | None = None,
+    encoders: Mapping[str, Encode] | None = None,
 ) -> faust.App:
     """Build the worker's Faust app for one pipeline definition: ``key`` draws the noise
     and signs the ledger entries, ``runs`` are the statistics' runs the ledger states
@@ -59,7 +61,8 @@ def create_app(
     worker stops when it does (unless it was asked to stop); ``replicas`` is the
     replication factor of topics Faust would create (``topics.replication``;
     ``ensure_topics`` created them all); the agents record into ``metrics`` (None:
-    metrics of their own, which nothing serves)."""
+    metrics of their own, which nothing serves); releases are written by ``encoders``
+    (``release_values.release_encoders``; None: made here)."""
     # Faust's internals we depend on: versions checked, our transport (faust_compat).
     faust_compat.install()
     app = faust_app(cfg, bootstrap, datadir, replicas)
@@ -79,7 +82,8 @@ def create_app(
     dead = DeadLetters(topics.dead_letters)
     stage1 = Stage1Agent(Stage1Driver(cfg), stage1_table, topics, holes, dead, metrics)
     driver2 = Stage2Driver(cfg, key.noise, partitions, runs)
-    stage2 = Stage2Agent(cfg, key, driver2, stage2_table, topics, holes, dead, metrics)
+    encoders = encoders or release_encoders(cfg)  # Avro: schemas registered before releases
+    stage2 = Stage2Agent(cfg, key, driver2, stage2_table, topics, holes, dead, metrics, encoders)
 
     @app.agent(topics.events, name="stage1")
     async def stage1_agent(stream: faust.StreamT) -> None:

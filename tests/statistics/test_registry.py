@@ -216,3 +216,25 @@ def test_a_new_statistic_that_names_no_mechanism_gets_the_default_tree(stat, tre
     assert statistic_for(cfg.statistics[0], cfg).mechanism == (
         statistic_for(named.statistics[0], named).mechanism
     )
+
+
+def test_a_statistics_release_shape_is_its_configs_choice():
+    from dpstream.statistics.releases import (
+        ContinualMeanFields,
+        CounterFields,
+        UserLevelFields,
+        WholeUserMeanFields,
+    )
+
+    def shapes(public_counts: bool, *stats: dict) -> list[type]:
+        cfg = parse_config({"privacy": {"total_epsilon": 10.0, "public_counts": public_counts},
+                            "statistics": list(stats)})  # fmt: skip
+        return [registry.release_fields(s, cfg) for s in cfg.statistics]
+
+    fixed = {"name": "a", "kind": "count", "epsilon": 1.0, "tau": 2}
+    auto = {"name": "b", "kind": "count", "epsilon": 1.0, "tau": "auto"}
+    mean = {"name": "m", "kind": "mean", "epsilon": 1.0,
+            "mean": {"lower": 0, "upper": 1, "max_samples_per_user": 2}}  # fmt: skip
+    assert shapes(False, fixed, auto, mean) == [CounterFields, UserLevelFields, WholeUserMeanFields]
+    public = {**mean, "mean": {**mean["mean"], "max_users": 10}}
+    assert shapes(True, public) == [ContinualMeanFields]

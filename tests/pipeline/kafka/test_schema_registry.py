@@ -1,6 +1,7 @@
-"""``input.format`` and ``input.schema_registry``: validation (errors name the field and
-never repeat a secret) and the mapping onto confluent-kafka's SchemaRegistryClient
-(pipeline/kafka/schema_registry.py). No registry is contacted: clients are only built."""
+"""``input.format``, ``outputs.format`` and their ``schema_registry``: validation (errors
+name the field and never repeat a secret) and the mapping onto confluent-kafka's
+SchemaRegistryClient (pipeline/kafka/schema_registry.py). No registry is contacted:
+clients are only built."""
 
 from __future__ import annotations
 
@@ -173,3 +174,30 @@ def test_the_ingest_builds_the_formats_decoder():
     )
     decoder = source_decoder(cfg, limits_for(cfg))
     assert isinstance(decoder, RegistryDecoder) and decoder.format == "protobuf"
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"format": "avro"}, "outputs.schema_registry: required for format avro"),
+        ({"schema_registry": {"url": URL}}, "outputs.schema_registry: only applies to format avro"),
+        ({"format": "protobuf", "schema_registry": {"url": URL}}, "outputs.format"),
+    ],
+)
+def test_bad_outputs_sections_name_the_field(section, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**BASE, "outputs": section})
+
+
+def test_the_outputs_registry_is_its_own_section_and_names_it(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    outputs = {"format": "avro", "schema_registry": {"url": URL, "username": "dpstream",
+                                                     "password_env": ENV}}  # fmt: skip
+    cfg = parse_config({**BASE, "outputs": outputs})
+    assert cfg.input.format == "json" and cfg.input.schema_registry is None
+    section = cfg.outputs.schema_registry
+    with pytest.raises(ConfigError, match=f"outputs.schema_registry.password_env: .*{ENV}"):
+        client_config(section, "outputs.schema_registry")
+    monkeypatch.setenv(ENV, SECRET)
+    client = make_client(section, "outputs.schema_registry")
+    assert client._rest_client.auth == ("dpstream", SECRET)
