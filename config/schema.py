@@ -307,9 +307,22 @@ class NoiseMode(StrEnum):
 
 
 class NoiseConfig(_Model):
+    """Where keyed noise's key comes from: ``key_file``, else the environment variable
+    ``key_env`` (read by the worker at start, pipeline/worker/keys.py)."""
+
     mode: NoiseMode = NoiseMode.keyed
     key_file: Path | None = None
     key_env: str | None = "DPSTREAM_NOISE_KEY"
+
+    _key_env = field_validator("key_env")(_env_name)
+
+    @model_validator(mode="after")
+    def _key_source(self) -> NoiseConfig:
+        # Found here, not at the worker's start: whether the key is there is the
+        # environment's, but a keyed config that names no place for it never runs.
+        if self.mode is NoiseMode.keyed and self.key_file is None and not self.key_env:
+            raise ValueError("key_env: keyed mode needs noise.key_file or noise.key_env")
+        return self
 
 
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")

@@ -368,3 +368,20 @@ def test_every_named_topic_is_listed_with_its_field():
         "clicks": "input.topics[0]",
         "views": "input.topics[1]",
     }
+
+
+@pytest.mark.parametrize(
+    ("noise", "message"),
+    [
+        # Found at the worker's start before (pipeline/worker/keys.py), now in the config.
+        (
+            {"mode": "keyed", "key_env": None},
+            "noise.key_env: keyed mode needs noise.key_file or noise.key_env",
+        ),
+        ({"mode": "keyed", "key_env": "NOT A NAME"}, "noise.key_env: must be the name of an"),
+    ],
+)
+def test_a_keyed_config_without_a_place_for_its_key_is_refused(noise, message):
+    assert message in _refusal(minimal(noise=noise))
+    parse_config(minimal(noise={"mode": "insecure_zero", "key_env": None}))
+    parse_config(minimal(noise={"mode": "keyed", "key_file": "/k", "key_env": None}))
