@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
@@ -72,6 +72,9 @@ def test_a_worker_on_any_accepted_config_runs_to_its_first_releases(
     except ConfigError:
         assume(False)  # refused naming a field: the unit property test's side
         return
+    event(
+        " ".join(sorted(s.kind for s in cfg.statistics))
+    )  # what ran (--hypothesis-show-statistics)
     config_path = tmp_path / f"{cfg.app_id}.yaml"
     config_path.write_text(yaml.safe_dump(data))
     log_path = tmp_path / f"{cfg.app_id}.log"
