@@ -5,7 +5,8 @@ Every topic and consumer group dpstream makes for itself is named ``<app_id>-...
 events and stage-2 topics, Faust's changelogs and its leader topic, the worker's, the
 ingest's and the tools' groups), so one prefixed ACL of each kind covers them
 (docs/security.md, ``pipeline/acls.py``). The topics a user names (sources, releases, dead
-letters, ledger) are granted by name.
+letters, ledger) are granted by name. The topics' names are the config's
+(``PipelineConfig.named_topics``), whose validation refuses any two that collide.
 """
 
 from __future__ import annotations
