@@ -77,7 +77,11 @@ def test_a_config_is_refused_naming_a_field_or_the_worker_s_parts_build_and_rele
     event("accepted")
     assert check_config(data, tmp_path) == 0, capsys.readouterr().err
     assert_topics_apart(cfg)
-    create_app(cfg, "127.0.0.1:9", KEY, tmp_path)
+    app = create_app(cfg, "127.0.0.1:9", KEY, tmp_path)
+    # The names the checks compare are those Faust makes (its leader topic: a private name).
+    changelogs = sorted(table.changelog_topic.get_topic_name() for table in app.tables.values())
+    assert changelogs == sorted(cfg.changelog_topics)
+    assert app._leader_assignor._leader_topic_name == cfg.leader_topic
     releases = list(replay(cfg, LOG, KEY.noise))
     released = {r["statistic"] for r in releases if r["tick"] >= FIRST_TICK}
     assert released == {s.name for s in cfg.statistics}
