@@ -45,8 +45,9 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def _topic_name(v: str) -> str:
-    if not _TOPIC.match(v):
-        raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
+    # Kafka's rules (kafka.common.internals.Topic.validate): the broker refuses any other.
+    if not _TOPIC.match(v) or v in (".", ".."):
+        raise ValueError("must be a Kafka topic name ([A-Za-z0-9._-], 1-249 chars, not . or ..)")
     return v
 
 
@@ -288,6 +289,7 @@ class OutputConfig(_Model):
     only reads, and the two registries can differ (docs/design.md section 7a). The ledger
     and the dead letters stay JSON in either format."""
 
+    # A statistic's release topic is this prefix and its name (PipelineConfig.release_topic).
     release_topic_prefix: str = "dp."
     dead_letter_topic: str = "dpstream.dead-letter"
     ledger_topic: str = "dpstream.ledger"
@@ -303,6 +305,14 @@ class OutputConfig(_Model):
         if self.format == "json" and self.schema_registry is not None:
             raise ValueError("schema_registry: only applies to format avro")
         return self
+
+    @field_validator("release_topic_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        # Its length is checked with each statistic's name (PipelineConfig._topics_apart).
+        if not re.fullmatch(r"[A-Za-z0-9._-]*", v):
+            raise ValueError("must be the start of a Kafka topic name ([A-Za-z0-9._-] only)")
+        return v
 
 
 class MetricsConfig(_Model):
@@ -325,9 +335,22 @@ class NoiseMode(StrEnum):
 
 
 class NoiseConfig(_Model):
+    """Where keyed noise's key comes from: ``key_file``, else the environment variable
+    ``key_env`` (read by the worker at start, pipeline/worker/keys.py)."""
+
     mode: NoiseMode = NoiseMode.keyed
     key_file: Path | None = None
     key_env: str | None = "DPSTREAM_NOISE_KEY"
+
+    _key_env = field_validator("key_env")(_env_name)
+
+    @model_validator(mode="after")
+    def _key_source(self) -> NoiseConfig:
+        # Found here, not at the worker's start: whether the key is there is the
+        # environment's, but a keyed config that names no place for it never runs.
+        if self.mode is NoiseMode.keyed and self.key_file is None and not self.key_env:
+            raise ValueError("key_env: keyed mode needs noise.key_file or noise.key_env")
+        return self
 
 
 _SASL = ("SASL_PLAINTEXT", "SASL_SSL")
@@ -1045,6 +1068,11 @@ class PrivacyConfig(_Model):
     cross_pipeline_epsilon: float | None = Field(None, gt=0)
 
 
+# The worker's Faust tables (pipeline/worker/app.py); Faust names their changelogs
+# <app_id>-<table>-changelog.
+FAUST_TABLES = ("stage1", "stage2")
+
+
 class PipelineConfig(_Model):
     app_id: str = "dpstream"
     input: InputConfig = InputConfig()
@@ -1057,20 +1085,6 @@ class PipelineConfig(_Model):
     statistics: list[StatisticConfig] = Field(min_length=1)
 
     _app_id = field_validator("app_id")(_identifier)
-
-    @model_validator(mode="after")
-    def _sources_are_not_ours(self) -> PipelineConfig:
-        ours = {
-            self.events_topic,
-            self.stage2_topic,
-            self.outputs.dead_letter_topic,
-            self.outputs.ledger_topic,
-            *(self.release_topic(s.name) for s in self.statistics),
-        }
-        for i, topic in enumerate(self.input.topics):
-            if topic in ours:
-                raise ValueError(f"input.topics[{i}]: {topic!r} is a topic dpstream writes")
-        return self
 
     @model_validator(mode="after")
     def _budget_and_names(self) -> PipelineConfig:
@@ -1107,6 +1121,70 @@ class PipelineConfig(_Model):
                             "alone and its noise does not depend on the number of users"
                         )
 
+    @model_validator(mode="after")
+    def _topics_apart(self) -> PipelineConfig:
+        """Every topic the pipeline reads or writes is a legal Kafka topic name and is no
+        other's, not even after Kafka's '.' to '_' (the broker refuses to create a topic
+        that collides so with one it has): two of them in one topic would crash the
+        worker at start or mix records that must stay apart."""
+        seen: dict[str, tuple[str, str, str]] = {}
+        for field, what, topic in self.named_topics():
+            try:
+                _topic_name(topic)
+            except ValueError as exc:
+                raise ValueError(f"{field}: {what} {topic!r}: {exc}") from None
+            clash = seen.get(topic.replace(".", "_"))
+            if clash is not None:
+                other_field, other_what, other = clash
+                if other == topic:
+                    raise ValueError(
+                        f"{field}: {what} {topic!r} is also {other_what} ({other_field})"
+                    )
+                raise ValueError(
+                    f"{field}: {what} {topic!r} collides with {other_what} {other!r} "
+                    f"({other_field}): Kafka takes '.' for '_' when it compares topic names "
+                    "and refuses to create the second"
+                )
+            seen[topic.replace(".", "_")] = (field, what, topic)
+        for i, topic in enumerate(self.input.topics):
+            if topic.startswith(f"{self.app_id}-"):
+                raise ValueError(
+                    f"input.topics[{i}]: the source topic {topic!r} starts with "
+                    f"'{self.app_id}-', the prefix of dpstream's own topics (app_id): their "
+                    "prefixed ACL would let the worker write it (docs/security.md)"
+                )
+        return self
+
+    def named_topics(self) -> list[tuple[str, str, str]]:
+        """Every topic of the pipeline as (config field naming it, what it is, name):
+        dpstream's own under ``<app_id>-`` (the events and stage-2 topics, Faust's
+        changelogs and leader topic), the dead-letter and ledger topics, each statistic's
+        release topic, the sources."""
+        own = [
+            ("events topic", self.events_topic),
+            ("stage-2 topic", self.stage2_topic),
+            *(("Faust changelog", topic) for topic in self.changelog_topics),
+            ("Faust leader topic", self.leader_topic),
+        ]
+        prefix = self.outputs.release_topic_prefix
+        return [
+            *(("app_id", f"dpstream's {what}", topic) for what, topic in own),
+            ("outputs.dead_letter_topic", "the dead-letter topic", self.outputs.dead_letter_topic),
+            ("outputs.ledger_topic", "the ledger topic", self.outputs.ledger_topic),
+            *(
+                (
+                    f"statistics[{i}].name",
+                    f"the release topic (outputs.release_topic_prefix {prefix!r} + name)",
+                    self.release_topic(s.name),
+                )
+                for i, s in enumerate(self.statistics)
+            ),
+            *(
+                (f"input.topics[{i}]", "the source topic", t)
+                for i, t in enumerate(self.input.topics)
+            ),
+        ]
+
     def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
         """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
         statistics this app id ran before and no longer runs."""
@@ -1130,6 +1208,16 @@ class PipelineConfig(_Model):
     @property
     def stage2_topic(self) -> str:
         return f"{self.app_id}-stage2"
+
+    @property
+    def changelog_topics(self) -> list[str]:
+        """The changelogs of the worker's Faust tables (``FAUST_TABLES``)."""
+        return [f"{self.app_id}-{table}-changelog" for table in FAUST_TABLES]
+
+    @property
+    def leader_topic(self) -> str:
+        """Faust's leader-election topic (one partition; its holder runs the public clock)."""
+        return f"{self.app_id}-__assignor-__leader"
 
 
 def _field_path(loc: tuple[str | int, ...]) -> str:

@@ -5,7 +5,8 @@ Every topic and consumer group dpstream makes for itself is named ``<app_id>-...
 events and stage-2 topics, Faust's changelogs and its leader topic, the worker's, the
 ingest's and the tools' groups), so one prefixed ACL of each kind covers them
 (docs/security.md, ``pipeline/acls.py``). The topics a user names (sources, releases, dead
-letters, ledger) are granted by name.
+letters, ledger) are granted by name. The topics' names are the config's
+(``PipelineConfig.named_topics``), whose validation refuses any two that collide.
 """
 
 from __future__ import annotations
@@ -30,22 +31,8 @@ log = logging.getLogger(__name__)
 COMPACTED = {"cleanup.policy": "compact"}
 TIMESTAMP_TYPE = "message.timestamp.type"
 
-# The Faust tables of pipeline/worker/app.py; Faust names their changelogs
-# <app_id>-<table>-changelog.
-TABLES = ("stage1", "stage2")
-
-
 PRODUCTION_REPLICAS = 3
 """Replicas of dpstream's topics where the cluster has the brokers (min.insync.replicas 2)."""
-
-
-def changelog_topics(cfg: PipelineConfig) -> list[str]:
-    return [f"{cfg.app_id}-{table}-changelog" for table in TABLES]
-
-
-def leader_topic(cfg: PipelineConfig) -> str:
-    """Faust's leader-election topic (one partition; its holder runs the public clock)."""
-    return f"{cfg.app_id}-__assignor-__leader"
 
 
 def group_id(app_id: str, role: str) -> str:
@@ -69,8 +56,8 @@ def topic_plan(cfg: PipelineConfig) -> dict[str, int]:
     # Created here, not lazily by Faust: right after a lazy creation the worker's metadata
     # may still show 0 partitions, and Faust then crashes the agent (PartitionsMismatch).
     # Faust creates no topic that exists already, so it needs no Create right either.
-    plan.update(dict.fromkeys(changelog_topics(cfg), cfg.input.partitions))
-    plan[leader_topic(cfg)] = 1
+    plan.update(dict.fromkeys(cfg.changelog_topics, cfg.input.partitions))
+    plan[cfg.leader_topic] = 1
     for stat in cfg.statistics:
         plan[cfg.release_topic(stat.name)] = 1  # one partition: releases stay in tick order
     plan[cfg.outputs.dead_letter_topic] = 1
@@ -143,7 +130,7 @@ def ensure_topics(
     metadata = client.list_topics(timeout=timeout)
     existing = metadata.topics
     plan = topic_plan(cfg)
-    _check_partitions(existing, (cfg.events_topic, cfg.stage2_topic, *changelog_topics(cfg)), plan)
+    _check_partitions(existing, (cfg.events_topic, cfg.stage2_topic, *cfg.changelog_topics), plan)
     if cfg.outputs.ledger_topic in existing:
         check_ledger_topic(client, cfg.outputs.ledger_topic, timeout)
     _check_timestamps(client, cfg, existing, timeout)
@@ -230,7 +217,7 @@ def _create_missing(
     replication the cluster allows; returns their names."""
     factor, min_insync = replication(len(metadata.brokers))
     ours = topic_plan(cfg)
-    configs: dict[str, dict[str, str]] = dict.fromkeys(changelog_topics(cfg), COMPACTED)
+    configs: dict[str, dict[str, str]] = dict.fromkeys(cfg.changelog_topics, COMPACTED)
     for name, kind in timestamp_types(cfg).items():
         configs[name] = {TIMESTAMP_TYPE: kind}
     configs[cfg.outputs.ledger_topic] = {

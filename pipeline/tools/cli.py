@@ -277,7 +277,6 @@ def run_worker(
     from ..kafka.security import check_connection
     from ..kafka.topics import (
         adopt_former_worker_offsets,
-        changelog_topics,
         check_source_topics,
         ensure_topics,
         missing_topics,
@@ -307,7 +306,7 @@ def run_worker(
     encoders = release_encoders(cfg)
     # A changelog that is gone while the ledger says its statistics released: refused
     # before the topics are made again (ledger.record_statement).
-    lost = [t for t in missing_topics(cfg, bootstrap) if t in changelog_topics(cfg)]
+    lost = [t for t in missing_topics(cfg, bootstrap) if t in cfg.changelog_topics]
     # Refuses a statistic changed under its name, another key, a forged ledger, lost
     # state; the statement (and each statistic's run) goes to the ledger.
     plan = record_statement(cfg, bootstrap, key, lost_state=lost)

@@ -21,7 +21,7 @@ from dpstream.config.schema import ConfigError, PipelineConfig
 from dpstream.statistics.registry import with_mechanisms
 
 from ..kafka.security import check_connection
-from ..kafka.topics import admin, changelog_topics, check_ledger_topic, check_source_topics
+from ..kafka.topics import admin, check_ledger_topic, check_source_topics
 from ..worker.keys import PipelineKey, load_key
 from ..worker.ledger import (
     History,
@@ -67,7 +67,7 @@ def live_check(cfg: PipelineConfig, bootstrap: str, timeout: float = 30.0) -> li
     # A statistic that names no mechanism: the tree it ran, or a new one's default.
     cfg = with_mechanisms(cfg, ran_statistics(history))
     chosen = plan(cfg, history, key)
-    refuse_lost_state(cfg, chosen, [t for t in changelog_topics(cfg) if t not in existing])
+    refuse_lost_state(cfg, chosen, [t for t in cfg.changelog_topics if t not in existing])
     known = f"{len(history.statements)} statement(s) of app_id {cfg.app_id!r}"
     lines.append(f"ledger {ledger}: " + (known if ledger in existing else "not created yet"))
     lines += cross_pipeline(cfg, chosen.statement, history)

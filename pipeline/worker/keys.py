@@ -143,7 +143,9 @@ def load_key(cfg: PipelineConfig) -> PipelineKey:
         except OSError as exc:
             raise ConfigError(f"noise.key_file: cannot read key file: {exc.strerror}") from None
         key = noise_key(text, "noise.key_file")
-    elif cfg.noise.key_env:
+    else:
+        # Config validation refuses a keyed mode with neither (NoiseConfig).
+        assert cfg.noise.key_env is not None
         value = os.environ.get(cfg.noise.key_env)
         if value is None:
             raise ConfigError(
@@ -151,8 +153,6 @@ def load_key(cfg: PipelineConfig) -> PipelineKey:
                 f"(set it, or noise.key_file, to {KEY_FORM})"
             )
         key = noise_key(value.encode(), "noise.key_env")
-    else:
-        raise ConfigError("noise: keyed mode needs noise.key_file or noise.key_env")
     return PipelineKey.from_key(key)
 
 

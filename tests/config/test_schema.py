@@ -23,7 +23,10 @@ from tests.config_builders import MINIMAL, minimal
         ({"input__partitions": 0}, "input.partitions: Input should be greater than or equal to 1"),
         ({"input__topics": ["a topic"]}, "input.topics: [0]: must be a Kafka topic name"),
         ({"input__topic": "events"}, "input.topic: now topics, a list of source topics"),
-        ({"input__topics": ["dp.events"]}, "input.topics[0]: 'dp.events' is a topic dpstream"),
+        (
+            {"input__topics": ["dp.events"]},
+            "input.topics[0]: the source topic 'dp.events' is also the release topic",
+        ),
         ({"input__user_id_field": "actor."}, "input.user_id_field: must be a field name"),
         ({"ticks__interval_seconds": 0}, "ticks.interval_seconds: Input should be greater than 0"),
         (
@@ -245,3 +248,154 @@ def test_an_error_about_a_statistic_names_it():
     data["statistics"][1] |= {"epsilon": 1, "name": "views"}  # a message naming it already
     with pytest.raises(ConfigError, match=r"duplicate statistic name 'views'$"):
         parse_config(data)
+
+
+def _refusal(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return str(info.value)
+
+
+def test_a_release_topic_that_is_the_events_topic_is_refused():
+    # Issue 27's reproduction: with the prefix "<app_id>-" a statistic named "events" was
+    # released into the events topic; check-config said OK and the worker crashed at start
+    # (aiokafka: "AssertionError: Unrecognized partition").
+    data = minimal(outputs__release_topic_prefix="dpstream-")
+    assert (
+        "statistics[0].name: the release topic (outputs.release_topic_prefix 'dpstream-' + "
+        "name) 'dpstream-events' is also dpstream's events topic (app_id)"
+    ) in _refusal(data)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"statistics__0__name": "stage2", "outputs__release_topic_prefix": "dpstream-"},
+            "statistics[0].name: the release topic (outputs.release_topic_prefix 'dpstream-' + "
+            "name) 'dpstream-stage2' is also dpstream's stage-2 topic (app_id)",
+        ),
+        (
+            {
+                "statistics__0__name": "stage1-changelog",
+                "outputs__release_topic_prefix": "dpstream-",
+            },
+            "'dpstream-stage1-changelog' is also dpstream's Faust changelog (app_id)",
+        ),
+        (
+            {"statistics__0__name": "dead-letter", "outputs__release_topic_prefix": "dpstream."},
+            "statistics[0].name: the release topic (outputs.release_topic_prefix 'dpstream.' + "
+            "name) 'dpstream.dead-letter' is also the dead-letter topic "
+            "(outputs.dead_letter_topic)",
+        ),
+        (
+            {"outputs__ledger_topic": "dp.events"},
+            "statistics[0].name: the release topic (outputs.release_topic_prefix 'dp.' + name) "
+            "'dp.events' is also the ledger topic (outputs.ledger_topic)",
+        ),
+        (
+            {"outputs__ledger_topic": "dpstream.dead-letter"},
+            "outputs.ledger_topic: the ledger topic 'dpstream.dead-letter' is also the "
+            "dead-letter topic (outputs.dead_letter_topic)",
+        ),
+        (
+            {"outputs__dead_letter_topic": "dpstream-events"},
+            "outputs.dead_letter_topic: the dead-letter topic 'dpstream-events' is also "
+            "dpstream's events topic (app_id)",
+        ),
+        (
+            {"app_id": "dp", "outputs__ledger_topic": "dp-stage1-changelog"},
+            "outputs.ledger_topic: the ledger topic 'dp-stage1-changelog' is also dpstream's "
+            "Faust changelog (app_id)",
+        ),
+        (
+            {"input__topics": ["dpstream.ledger"]},
+            "input.topics[0]: the source topic 'dpstream.ledger' is also the ledger topic "
+            "(outputs.ledger_topic)",
+        ),
+        (
+            {"input__topics": ["dpstream-stage2"]},
+            "input.topics[0]: the source topic 'dpstream-stage2' is also dpstream's stage-2 "
+            "topic (app_id)",
+        ),
+        (
+            {"input__topics": ["dpstream-clicks"]},
+            "input.topics[0]: the source topic 'dpstream-clicks' starts with 'dpstream-', the "
+            "prefix of dpstream's own topics (app_id)",
+        ),
+        # Kafka compares names with '.' read as '_' and refuses to create the second.
+        (
+            {"outputs__release_topic_prefix": "dp_"},
+            None,  # dp_events alone is fine
+        ),
+        (
+            {"input__topics": ["dp_events"]},
+            "input.topics[0]: the source topic 'dp_events' collides with the release topic "
+            "(outputs.release_topic_prefix 'dp.' + name) 'dp.events' (statistics[0].name): "
+            "Kafka takes '.' for '_'",
+        ),
+        (
+            {"outputs__dead_letter_topic": "dpstream_ledger"},
+            "outputs.ledger_topic: the ledger topic 'dpstream.ledger' collides with the "
+            "dead-letter topic 'dpstream_ledger' (outputs.dead_letter_topic)",
+        ),
+        # Kafka's topic-name rules, for every topic the pipeline names.
+        (
+            {"outputs__release_topic_prefix": "dp/"},
+            "outputs.release_topic_prefix: must be the start of a Kafka topic name",
+        ),
+        (
+            {"outputs__release_topic_prefix": "x" * 150, "statistics__0__name": "y" * 100},
+            f"statistics[0].name: the release topic (outputs.release_topic_prefix '{'x' * 150}' "
+            f"+ name) '{'x' * 150}{'y' * 100}': must be a Kafka topic name",
+        ),
+        ({"input__topics": ["."]}, "input.topics: [0]: must be a Kafka topic name"),
+        ({"outputs__ledger_topic": ".."}, "outputs.ledger_topic: must be a Kafka topic name"),
+        ({"outputs__dead_letter_topic": "x" * 250}, "outputs.dead_letter_topic: must be a"),
+    ],
+)
+def test_topic_collisions_and_illegal_names_are_refused_naming_the_field(changes, message):
+    if message is None:
+        parse_config(minimal(**changes))
+        return
+    assert message in _refusal(minimal(**changes))
+
+
+def test_the_longest_release_topic_kafka_takes_is_accepted():
+    prefix = "x" * 149  # + a name of 100: 249 characters, Kafka's limit
+    cfg = parse_config(minimal(outputs__release_topic_prefix=prefix, statistics__0__name="y" * 100))
+    assert len(cfg.release_topic("y" * 100)) == 249
+
+
+def test_every_named_topic_is_listed_with_its_field():
+    cfg = parse_config(minimal(app_id="prod", input__topics=["clicks", "views"]))
+    fields = {topic: field for field, _, topic in cfg.named_topics()}
+    assert fields == {
+        "prod-events": "app_id",
+        "prod-stage2": "app_id",
+        "prod-stage1-changelog": "app_id",
+        "prod-stage2-changelog": "app_id",
+        "prod-__assignor-__leader": "app_id",
+        "dpstream.dead-letter": "outputs.dead_letter_topic",
+        "dpstream.ledger": "outputs.ledger_topic",
+        "dp.events": "statistics[0].name",
+        "clicks": "input.topics[0]",
+        "views": "input.topics[1]",
+    }
+
+
+@pytest.mark.parametrize(
+    ("noise", "message"),
+    [
+        # Found at the worker's start before (pipeline/worker/keys.py), now in the config.
+        (
+            {"mode": "keyed", "key_env": None},
+            "noise.key_env: keyed mode needs noise.key_file or noise.key_env",
+        ),
+        ({"mode": "keyed", "key_env": "NOT A NAME"}, "noise.key_env: must be the name of an"),
+    ],
+)
+def test_a_keyed_config_without_a_place_for_its_key_is_refused(noise, message):
+    assert message in _refusal(minimal(noise=noise))
+    parse_config(minimal(noise={"mode": "insecure_zero", "key_env": None}))
+    parse_config(minimal(noise={"mode": "keyed", "key_file": "/k", "key_env": None}))

@@ -23,7 +23,6 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from dpstream.config.schema import PipelineConfig
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
-from dpstream.pipeline.kafka.topics import changelog_topics
 from dpstream.pipeline.tools.synthetic import synthetic_events
 from dpstream.pipeline.worker.processes import spawn_worker
 from tests.integration.support import (
@@ -291,7 +290,7 @@ def table_state(bootstrap: str, topic: str, partitions: int) -> dict:
 
 def user_entries(bootstrap: str, cfg: PipelineConfig) -> dict:
     """Stage 1's user entries ("u:<user>" keys of the stage1 table), by user."""
-    state = table_state(bootstrap, changelog_topics(cfg)[0], cfg.input.partitions)
+    state = table_state(bootstrap, cfg.changelog_topics[0], cfg.input.partitions)
     return {k[2:]: v for k, v in state.items() if k.startswith("u:")}
 
 

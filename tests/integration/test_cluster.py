@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from dpstream.deploy.cluster import KafkaCluster
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
-from dpstream.pipeline.kafka.topics import changelog_topics, topic_plan
+from dpstream.pipeline.kafka.topics import topic_plan
 from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.tools.synthetic import synthetic_events
 from tests.integration.support import (
@@ -111,7 +111,7 @@ def cluster_run(kafka_cluster, tmp_path_factory):
         rd = readers(bootstrap, worker)
         try:
             wait_for_first_release(worker, rd["views"])
-            watched = [cfg.events_topic, *changelog_topics(cfg)]
+            watched = [cfg.events_topic, *cfg.changelog_topics]
             before = leaders(kafka_cluster, watched)
             victim = before[cfg.events_topic][0]
             traffic = Traffic(bootstrap, cfg)

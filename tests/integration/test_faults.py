@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, TopicPartition
 from dpstream.config.schema import parse_config
 from dpstream.deploy.broker import LocalKafka
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
-from dpstream.pipeline.kafka.topics import changelog_topics, create_source_topics, group_id
+from dpstream.pipeline.kafka.topics import create_source_topics, group_id
 from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.wire.records import partition_for
 from dpstream.pipeline.worker.exits import EXIT_INTERNAL_ERROR
@@ -318,7 +318,7 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
     env = {
         **FAST_REJOIN,
         **hooked(tmp_path, SLOW_TOPIC_HOOK),
-        "DPSTREAM_TEST_SLOW_TOPIC": changelog_topics(cfg)[0],  # the stage1 table's
+        "DPSTREAM_TEST_SLOW_TOPIC": cfg.changelog_topics[0],  # the stage1 table's
         "DPSTREAM_TEST_SLOW_SECONDS": "6",
         "DPSTREAM_TEST_SLOW_FLAG": str(flag),
         "DPSTREAM_TEST_SLOW_MODE": slow,

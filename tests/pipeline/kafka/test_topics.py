@@ -12,9 +12,7 @@ import pytest
 from dpstream.config.schema import parse_config
 from dpstream.pipeline.kafka import topics
 from dpstream.pipeline.kafka.topics import (
-    changelog_topics,
     group_id,
-    leader_topic,
     replication,
     topic_plan,
 )
@@ -48,7 +46,7 @@ def test_the_plan_holds_every_topic_dpstream_writes_and_faust_would_create():
 
 
 def test_every_internal_name_starts_with_the_app_id_and_a_dash():
-    internal = [CFG.events_topic, CFG.stage2_topic, *changelog_topics(CFG), leader_topic(CFG)]
+    internal = [CFG.events_topic, CFG.stage2_topic, *CFG.changelog_topics, CFG.leader_topic]
     groups = [group_id(CFG.app_id, role) for role in ("worker", "ingest", "tools", "tail-a")]
     for name in internal + groups:
         assert name.startswith("prod-"), name

@@ -260,3 +260,13 @@ def test_metrics_endpoint_from_the_config_and_the_flags():
         build_parser().parse_args(
             ["worker", "--config", "c", "--metrics-port", "1", "--no-metrics"]
         )
+
+
+def test_check_config_refuses_a_release_topic_that_is_the_events_topic(tmp_path):
+    # Issue 27's reproduction: check-config said OK; the worker then crashed at start.
+    data = {**GOOD, "outputs": {"release_topic_prefix": "dpstream-"}}
+    for command in (["check-config"], ["worker", "--bootstrap", "127.0.0.1:1", "--config"]):
+        out = run(*command, write(tmp_path, data))
+        assert out.returncode == 2
+        assert "statistics[0].name: the release topic" in out.stderr
+        assert "'dpstream-events' is also dpstream's events topic (app_id)" in out.stderr
