@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 
 from dpstream.config.schema import ConfigError, parse_config
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
+from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.worker.processes import spawn_worker, stop_worker
 from tests.config_strategies import config_documents, synthetic_events
 from tests.integration.support import TICK, TopicReader, wait_until
@@ -78,13 +79,14 @@ def test_a_worker_on_any_accepted_config_runs_to_its_first_releases(
     config_path = tmp_path / f"{cfg.app_id}.yaml"
     config_path.write_text(yaml.safe_dump(data))
     log_path = tmp_path / f"{cfg.app_id}.log"
+    create_source_topics(cfg, bootstrap)  # as a user's producer setup would: never the worker
     proc = spawn_worker(config_path, bootstrap, log_path)
     releases = {s.name: TopicReader(bootstrap, cfg.release_topic(s.name)) for s in cfg.statistics}
     producer = make_producer(bootstrap)
 
     def released() -> bool:
         assert proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
-        # Events keep coming (the source topic may not exist before the worker makes it).
+        # Events keep coming until every statistic has released.
         produce_events(producer, cfg, synthetic_events(int(time.time())))
         producer.flush(5)
         return all(reader.drain() for reader in releases.values())
