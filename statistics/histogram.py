@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpstream.config.schema import PipelineConfig, StatisticConfig
-from dpstream.operators.noise import NoiseSource
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import deletions
 
@@ -22,9 +21,7 @@ from .events import Event
 from .fixed_tau import least_value
 from .releases import HistogramFields
 from .user_level import (
-    UserLevelState,
     UserLevelStatistic,
-    advance_streams,
     algorithm,
     counter_spec,
     post_processing,
@@ -58,12 +55,6 @@ class HistogramStatistic(UserLevelStatistic):
     def bounding(self) -> HistogramBounding:
         stat = self.stat
         return HistogramBounding(stat.name, stat.key, stat.deletions, bins=_bins(stat))
-
-    def advance(
-        self, op_state: Any, weights: dict[str, int], old: UserLevelState, noise: NoiseSource
-    ) -> tuple[Any, Any, dict[str, int] | None]:
-        op_state, rel = advance_streams(self.module, self.spec, op_state, weights, noise)
-        return op_state, rel, None
 
     def values(
         self, rel: Any, previous: list[int] | None

@@ -96,12 +96,14 @@ class UserLevelStatistic(WeightsStage2, ABC):
     def bounding(self) -> UnitBounding:
         """Stage 1 of the kind."""
 
-    @abstractmethod
     def advance(
         self, op_state: Any, weights: dict[str, int], old: UserLevelState, noise: NoiseSource
     ) -> tuple[Any, Any, dict[str, int] | None]:
         """(the operator's state after the tick, its release, the kind's own part of the
-        state (distinct's m(v)) or None)."""
+        state (distinct's m(v)) or None): by default one tick of the counter, or of its
+        insert/delete pair (``advance_streams``)."""
+        op_state, rel = advance_streams(self.module, self.spec, op_state, weights, noise)
+        return op_state, rel, None
 
     @abstractmethod
     def values(
@@ -271,12 +273,6 @@ class UserLevelCount(UserLevelStatistic):
         if grid is not None:  # units of the grid, by rank band
             return GridSumBounding(stat.name, stat.key, stat.deletions, grid=grid)
         return ColumnarBounding(stat.name, stat.key, stat.deletions, max_value=stat.max_value)
-
-    def advance(
-        self, op_state: Any, weights: dict[str, int], old: UserLevelState, noise: NoiseSource
-    ) -> tuple[Any, Any, dict[str, int] | None]:
-        op_state, rel = advance_streams(self.module, self.spec, op_state, weights, noise)
-        return op_state, rel, None
 
     def values(
         self, rel: Any, previous: list[int] | None
