@@ -1231,20 +1231,20 @@ _STATISTIC_AT = re.compile(r"^statistics\[(\d+)\]")
 
 
 def _named(line: str, data: object) -> str:
-    """``statistics[2].epsilon: ...`` with `` (statistic 'revenue')`` at its end where the
-    document names that statistic: a user thinks of statistics by name, not position. At
-    the end, so the field path stays the line's start, as every other error's does."""
+    """``statistics[2].epsilon: ...`` as ``statistics[2] (revenue).epsilon: ...`` where the
+    document names that statistic: a user thinks of statistics by name, not position, and
+    the position stays for the ones a name cannot find (a duplicate, a missing name)."""
     at = _STATISTIC_AT.match(line)
     stats = data.get("statistics") if isinstance(data, dict) else None
     if at is None or not isinstance(stats, list) or int(at.group(1)) >= len(stats):
         return line
     stat = stats[int(at.group(1))]
     name = stat.get("name") if isinstance(stat, dict) else None
-    if not isinstance(name, str) or not name:
-        return line
+    if not isinstance(name, str) or not name or line[at.end() :].startswith(".name"):
+        return line  # no name, or the name is what is wrong
     if f"'{name}'" in line:  # the message names it already
         return line
-    return f"{line} (statistic {name!r})"
+    return f"{at.group(0)} ({name}){line[at.end() :]}"
 
 
 def parse_config(data: object, source: str = "<config>") -> PipelineConfig:

@@ -12,14 +12,14 @@ from tests.config_builders import MINIMAL, minimal
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"statistics__0__epsilon": -1}, "statistics[0].epsilon: Input should be greater than 0"),
+        ({"statistics__0__epsilon": -1}, "statistics[0] (events).epsilon: Input should be greater than 0"),
         (
             {"statistics__0__tau": 0},
-            "statistics[0].tau: must be 'auto' or an integer in [1, 1000000]",
+            "statistics[0] (events).tau: must be 'auto' or an integer in [1, 1000000]",
         ),
-        ({"statistics__0__kind": "median"}, "statistics[0].kind: Input should be 'count'"),
+        ({"statistics__0__kind": "median"}, "statistics[0] (events).kind: Input should be 'count'"),
         ({"statistics__0__name": "bad name!"}, "statistics[0].name: must match"),
-        ({"statistics__0__bogus": 1}, "statistics[0].bogus: Extra inputs are not permitted"),
+        ({"statistics__0__bogus": 1}, "statistics[0] (events).bogus: Extra inputs are not permitted"),
         ({"input__partitions": 0}, "input.partitions: Input should be greater than or equal to 1"),
         ({"input__topics": ["a topic"]}, "input.topics: [0]: must be a Kafka topic name"),
         ({"input__topic": "events"}, "input.topic: now topics, a list of source topics"),
@@ -42,29 +42,29 @@ from tests.config_builders import MINIMAL, minimal
         ({"privacy__total_epsilon": 0.5}, "privacy.total_epsilon: statistics spend 1 in total"),
         ({"privacy__neighbours": "event"}, "privacy.neighbours: Input should be 'whole_user'"),
         ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
-        ({"statistics__0__mechanism": "kary"}, "statistics[0].k: required for mechanism kary"),
+        ({"statistics__0__mechanism": "kary"}, "statistics[0] (events).k: required for mechanism kary"),
         (
             {"statistics__0__mechanism": "kary_subtract", "statistics__0__k": 2},
-            "statistics[0].k: must be >= 3 for kary_subtract, got 2",
+            "statistics[0] (events).k: must be >= 3 for kary_subtract, got 2",
         ),
-        ({"statistics__0__k": 3}, "statistics[0].k: only applies to kary and kary_subtract"),
-        ({"statistics__0__mechanism": "expiring"}, "statistics[0].lambda: required"),
+        ({"statistics__0__k": 3}, "statistics[0] (events).k: only applies to kary and kary_subtract"),
+        ({"statistics__0__mechanism": "expiring"}, "statistics[0] (events).lambda: required"),
         (
             {"statistics__0__mechanism": "expiring", "statistics__0__lambda": 2},
-            "statistics[0].horizon_ticks: required for mechanism expiring",
+            "statistics[0] (events).horizon_ticks: required for mechanism expiring",
         ),
-        ({"statistics__0__lambda": 2}, "statistics[0].lambda: lambda and delay only apply"),
-        ({"statistics__0__mechanism": "auto"}, "statistics[0].horizon_ticks: required"),
-        ({"statistics__0__mechanism": "fancy"}, "statistics[0].mechanism: Input should be"),
-        ({"statistics__0__kind": "sum"}, "statistics[0].max_value: required for kind sum"),
-        ({"statistics__0__bins": 8}, "statistics[0].bins: only applies to histogram and kselect"),
+        ({"statistics__0__lambda": 2}, "statistics[0] (events).lambda: lambda and delay only apply"),
+        ({"statistics__0__mechanism": "auto"}, "statistics[0] (events).horizon_ticks: required"),
+        ({"statistics__0__mechanism": "fancy"}, "statistics[0] (events).mechanism: Input should be"),
+        ({"statistics__0__kind": "sum"}, "statistics[0] (events).max_value: required for kind sum"),
+        ({"statistics__0__bins": 8}, "statistics[0] (events).bins: only applies to histogram and kselect"),
         (
             {"statistics__0__kind": "sum", "statistics__0__lower": 1},
-            "statistics[0].upper: required with lower or resolution",
+            "statistics[0] (events).upper: required with lower or resolution",
         ),
         (
             {"statistics__0__kind": "sum", "statistics__0__upper": 200},
-            "statistics[0].resolution: required with upper (grid units per (upper - lower)",
+            "statistics[0] (events).resolution: required with upper (grid units per (upper - lower)",
         ),
         (
             {
@@ -72,7 +72,7 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__upper": 2,
                 "statistics__0__max_value": 2,
             },
-            "statistics[0].upper: give either max_value or lower/upper/resolution",
+            "statistics[0] (events).upper: give either max_value or lower/upper/resolution",
         ),
         (
             {
@@ -81,7 +81,7 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__upper": 5,
                 "statistics__0__resolution": 10,
             },
-            "statistics[0].upper: must be greater than lower (5)",
+            "statistics[0] (events).upper: must be greater than lower (5)",
         ),
         (
             {
@@ -91,10 +91,10 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__upper": 5,
                 "statistics__0__resolution": 10,
             },
-            "statistics[0].lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by non-negative "
+            "statistics[0] (events).lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by non-negative "
             "contributions; a negative lower needs a fixed tau",
         ),
-        ({"statistics__0__upper": 5}, "statistics[0].upper: only applies to kind sum, not count"),
+        ({"statistics__0__upper": 5}, "statistics[0] (events).upper: only applies to kind sum, not count"),
         (
             {
                 "statistics__0__kind": "histogram",
@@ -102,11 +102,11 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__bins": 4,
                 "statistics__0__resolution": 10,
             },
-            "statistics[0].resolution: only applies to kind sum, not histogram",
+            "statistics[0] (events).resolution: only applies to kind sum, not histogram",
         ),
         (
             {"statistics__0__kind": "histogram", "statistics__0__bins": 8},
-            "statistics[0].tau: kind histogram needs tau: auto",
+            "statistics[0] (events).tau: kind histogram needs tau: auto",
         ),
         (
             {
@@ -114,11 +114,11 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__bins": 8,
                 "statistics__0__tau": "auto",
             },
-            "statistics[0].rank: required for kind kselect",
+            "statistics[0] (events).rank: required for kind kselect",
         ),
         (
             {"statistics__0__halve_margin": True},
-            "statistics[0].halve_margin: only applies to kind kselect, not count",
+            "statistics[0] (events).halve_margin: only applies to kind kselect, not count",
         ),
         (
             {
@@ -127,7 +127,7 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__lambda": 1,
                 "statistics__0__horizon_ticks": 100,
             },
-            "statistics[0].mechanism: tau: auto runs kind count's instances on binary or kary "
+            "statistics[0] (events).mechanism: tau: auto runs kind count's instances on binary or kary "
             "or kary_subtract",
         ),
         (
@@ -136,10 +136,10 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__kind": "distinct",
                 "statistics__0__deletions": True,
             },
-            "statistics[0].deletions: not supported for kind distinct",
+            "statistics[0] (events).deletions: not supported for kind distinct",
         ),
-        ({"statistics__0__deletions": True}, "statistics[0].deletions: only with tau: auto"),
-        ({"statistics__0__theta": 0}, "statistics[0].theta: Input should be greater than 0"),
+        ({"statistics__0__deletions": True}, "statistics[0] (events).deletions: only with tau: auto"),
+        ({"statistics__0__theta": 0}, "statistics[0] (events).theta: Input should be greater than 0"),
         (
             {"input__ingest_wait_ms": -1},
             "input.ingest_wait_ms: Input should be greater than or equal to 0",
@@ -243,7 +243,7 @@ def test_an_error_about_a_statistic_names_it():
     with pytest.raises(ConfigError) as raised:
         parse_config(data)
     assert str(raised.value).splitlines()[1:] == [
-        "  statistics[1].epsilon: Input should be greater than 0 (statistic 'revenue')"
+        "  statistics[1] (revenue).epsilon: Input should be greater than 0"
     ]
     data["statistics"][1] |= {"epsilon": 1, "name": "views"}  # a message naming it already
     with pytest.raises(ConfigError, match=r"duplicate statistic name 'views'$"):

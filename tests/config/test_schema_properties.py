@@ -23,9 +23,9 @@ from dpstream.pipeline.worker.keys import PipelineKey
 from tests.config_builders import minimal
 from tests.config_strategies import FIRST_TICK, config_documents, synthetic_log
 
-# A line of a refusal: a config field (``statistics[0].cells.epoch_cap``, ``app_id``) and
-# what is wrong with it.
-FIELD_LINE = re.compile(r"^  [a-z_]+(\[\d+\])?(\.[a-z_]+(\[\d+\])?)*: \S")
+# A line of a refusal: a config field (``statistics[0] (views).cells.epoch_cap``,
+# ``app_id``) and what is wrong with it.
+FIELD_LINE = re.compile(r"^  [a-z_]+(\[\d+\]( \([\w.-]+\))?)?(\.[a-z_]+(\[\d+\])?)*: \S")
 KEY = PipelineKey.insecure_zero()
 LOG = synthetic_log()
 

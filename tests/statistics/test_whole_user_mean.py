@@ -200,9 +200,9 @@ def test_every_parameter_of_the_mean_is_in_its_identity(change):
 @pytest.mark.parametrize(
     ("privacy", "mean", "message"),
     [
-        ({}, {"max_users": 100}, "statistics[1].mean.max_users: applies only with "
+        ({}, {"max_users": 100}, "statistics[1] (latency).mean.max_users: applies only with "
          "privacy.public_counts: true"),
-        ({}, {"delta": 0.01}, "statistics[1].mean.delta: applies only with"),
+        ({}, {"delta": 0.01}, "statistics[1] (latency).mean.delta: applies only with"),
     ],
 )  # fmt: skip
 def test_george_et_al_parameters_are_refused_outside_public_counts(privacy, mean, message):
@@ -216,7 +216,7 @@ def test_george_et_al_parameters_are_refused_outside_public_counts(privacy, mean
 def test_george_et_al_mean_still_needs_its_cap_on_users():
     data = reproduction(public_counts=True)
     del data["statistics"][0]
-    with pytest.raises(ConfigError, match=r"statistics\[0\]\.mean\.max_users: required with"):
+    with pytest.raises(ConfigError, match=r"statistics\[0\] \(latency\)\.mean\.max_users: required with"):
         parse_config(data)
 
 

@@ -55,7 +55,7 @@ def test_bad_config_stops_with_the_field_named(tmp_path):
     for command in (["check-config"], ["worker", "--bootstrap", "127.0.0.1:1", "--config"]):
         out = run(*command, write(tmp_path, bad))
         assert out.returncode == 2
-        assert "statistics[0].epsilon: Input should be greater than 0" in out.stderr
+        assert "statistics[0] (events).epsilon: Input should be greater than 0" in out.stderr
 
 
 def test_worker_refuses_to_start_without_a_noise_key(tmp_path):
@@ -100,7 +100,7 @@ def test_check_config_states_public_counts_and_refuses_a_mix(tmp_path):
     mixed["privacy"] = {"total_epsilon": 2.0}
     out = run("check-config", write(tmp_path, mixed))
     assert out.returncode == 2
-    assert "statistics[1].mean.max_users: applies only with privacy.public_counts" in out.stderr
+    assert "statistics[1] (latency).mean.max_users: applies only with privacy.public_counts" in out.stderr
 
 
 def test_check_config_accepts_the_review_reproduction_with_the_whole_user_mean(tmp_path):
@@ -225,10 +225,10 @@ def test_check_config_names_the_fields_each_statistic_reads(tmp_path):
 
 def test_check_config_refuses_a_filter_no_event_could_match_naming_it(tmp_path):
     cases = [
-        ({"where": {"event_type": []}}, "statistics[1].where.event_type: an empty list"),
-        ({"where": {"order.amount": "big"}}, "statistics[1].where.order.amount: the statistic's"),
-        ({"where": {"order": "x"}}, "statistics[1].where.order: order.amount is read below it"),
-        ({"key": "buy", "where": {"key": "sell"}}, "statistics[1].where.key: contradicts key: buy"),
+        ({"where": {"event_type": []}}, "statistics[1] (revenue).where.event_type: an empty list"),
+        ({"where": {"order.amount": "big"}}, "statistics[1] (revenue).where.order.amount: the statistic's"),
+        ({"where": {"order": "x"}}, "statistics[1] (revenue).where.order: order.amount is read below it"),
+        ({"key": "buy", "where": {"key": "sell"}}, "statistics[1] (revenue).where.key: contradicts key: buy"),
     ]
     for change, message in cases:
         stats = [SHOP["statistics"][0], {**SHOP["statistics"][1], **change}]
@@ -236,7 +236,7 @@ def test_check_config_refuses_a_filter_no_event_could_match_naming_it(tmp_path):
         assert out.returncode != 0 and message in out.stderr, (change, out.stderr)
     counted = {**SHOP["statistics"][0], "value_field": "amount"}
     out = run("check-config", write(tmp_path, {**SHOP, "statistics": [counted]}))
-    assert "statistics[0].value_field: kind count takes no value" in out.stderr
+    assert "statistics[0] (views).value_field: kind count takes no value" in out.stderr
 
 
 def test_metrics_endpoint_from_the_config_and_the_flags():
