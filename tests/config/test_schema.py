@@ -12,14 +12,20 @@ from tests.config_builders import MINIMAL, minimal
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"statistics__0__epsilon": -1}, "statistics[0] (events).epsilon: Input should be greater than 0"),
+        (
+            {"statistics__0__epsilon": -1},
+            "statistics[0] (events).epsilon: Input should be greater than 0",
+        ),
         (
             {"statistics__0__tau": 0},
             "statistics[0] (events).tau: must be 'auto' or an integer in [1, 1000000]",
         ),
         ({"statistics__0__kind": "median"}, "statistics[0] (events).kind: Input should be 'count'"),
         ({"statistics__0__name": "bad name!"}, "statistics[0].name: must match"),
-        ({"statistics__0__bogus": 1}, "statistics[0] (events).bogus: Extra inputs are not permitted"),
+        (
+            {"statistics__0__bogus": 1},
+            "statistics[0] (events).bogus: Extra inputs are not permitted",
+        ),
         ({"input__partitions": 0}, "input.partitions: Input should be greater than or equal to 1"),
         ({"input__topics": ["a topic"]}, "input.topics: [0]: must be a Kafka topic name"),
         ({"input__topic": "events"}, "input.topic: now topics, a list of source topics"),
@@ -42,29 +48,45 @@ from tests.config_builders import MINIMAL, minimal
         ({"privacy__total_epsilon": 0.5}, "privacy.total_epsilon: statistics spend 1 in total"),
         ({"privacy__neighbours": "event"}, "privacy.neighbours: Input should be 'whole_user'"),
         ({"noise__mode": "gaussian"}, "noise.mode: Input should be 'keyed' or 'insecure_zero'"),
-        ({"statistics__0__mechanism": "kary"}, "statistics[0] (events).k: required for mechanism kary"),
+        (
+            {"statistics__0__mechanism": "kary"},
+            "statistics[0] (events).k: required for mechanism kary",
+        ),
         (
             {"statistics__0__mechanism": "kary_subtract", "statistics__0__k": 2},
             "statistics[0] (events).k: must be >= 3 for kary_subtract, got 2",
         ),
-        ({"statistics__0__k": 3}, "statistics[0] (events).k: only applies to kary and kary_subtract"),
+        (
+            {"statistics__0__k": 3},
+            "statistics[0] (events).k: only applies to kary and kary_subtract",
+        ),
         ({"statistics__0__mechanism": "expiring"}, "statistics[0] (events).lambda: required"),
         (
             {"statistics__0__mechanism": "expiring", "statistics__0__lambda": 2},
             "statistics[0] (events).horizon_ticks: required for mechanism expiring",
         ),
-        ({"statistics__0__lambda": 2}, "statistics[0] (events).lambda: lambda and delay only apply"),
+        (
+            {"statistics__0__lambda": 2},
+            "statistics[0] (events).lambda: lambda and delay only apply",
+        ),
         ({"statistics__0__mechanism": "auto"}, "statistics[0] (events).horizon_ticks: required"),
-        ({"statistics__0__mechanism": "fancy"}, "statistics[0] (events).mechanism: Input should be"),
+        (
+            {"statistics__0__mechanism": "fancy"},
+            "statistics[0] (events).mechanism: Input should be",
+        ),
         ({"statistics__0__kind": "sum"}, "statistics[0] (events).max_value: required for kind sum"),
-        ({"statistics__0__bins": 8}, "statistics[0] (events).bins: only applies to histogram and kselect"),
+        (
+            {"statistics__0__bins": 8},
+            "statistics[0] (events).bins: only applies to histogram and kselect",
+        ),
         (
             {"statistics__0__kind": "sum", "statistics__0__lower": 1},
             "statistics[0] (events).upper: required with lower or resolution",
         ),
         (
             {"statistics__0__kind": "sum", "statistics__0__upper": 200},
-            "statistics[0] (events).resolution: required with upper (grid units per (upper - lower)",
+            "statistics[0] (events).resolution: required with upper "
+            "(grid units per (upper - lower)",
         ),
         (
             {
@@ -91,10 +113,13 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__upper": 5,
                 "statistics__0__resolution": 10,
             },
-            "statistics[0] (events).lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by non-negative "
-            "contributions; a negative lower needs a fixed tau",
+            "statistics[0] (events).lower: tau: auto (Dong-Luo-Yi Alg. 5) ranks users by "
+            "non-negative contributions; a negative lower needs a fixed tau",
         ),
-        ({"statistics__0__upper": 5}, "statistics[0] (events).upper: only applies to kind sum, not count"),
+        (
+            {"statistics__0__upper": 5},
+            "statistics[0] (events).upper: only applies to kind sum, not count",
+        ),
         (
             {
                 "statistics__0__kind": "histogram",
@@ -127,8 +152,8 @@ from tests.config_builders import MINIMAL, minimal
                 "statistics__0__lambda": 1,
                 "statistics__0__horizon_ticks": 100,
             },
-            "statistics[0] (events).mechanism: tau: auto runs kind count's instances on binary or kary "
-            "or kary_subtract",
+            "statistics[0] (events).mechanism: tau: auto runs kind count's instances on binary "
+            "or kary or kary_subtract",
         ),
         (
             {
@@ -138,8 +163,14 @@ from tests.config_builders import MINIMAL, minimal
             },
             "statistics[0] (events).deletions: not supported for kind distinct",
         ),
-        ({"statistics__0__deletions": True}, "statistics[0] (events).deletions: only with tau: auto"),
-        ({"statistics__0__theta": 0}, "statistics[0] (events).theta: Input should be greater than 0"),
+        (
+            {"statistics__0__deletions": True},
+            "statistics[0] (events).deletions: only with tau: auto",
+        ),
+        (
+            {"statistics__0__theta": 0},
+            "statistics[0] (events).theta: Input should be greater than 0",
+        ),
         (
             {"input__ingest_wait_ms": -1},
             "input.ingest_wait_ms: Input should be greater than or equal to 0",

@@ -343,7 +343,7 @@ def test_stage1_changelog_writes_in_flight_at_a_crash_count_once(bootstrap, tmp_
         # next one to produce and kill in: then wait for another.
         for _ in range(3):
             before = newest()
-            wait_until(lambda: newest() > before, 3 * interval, "a tick's release", first)
+            wait_until(lambda b=before: newest() > b, 3 * interval, "a tick's release", first)
             tick_end = (newest() + 2) * interval
             if time.time() < tick_end - interval / 2:
                 break

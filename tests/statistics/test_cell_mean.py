@@ -594,7 +594,9 @@ def test_bad_cell_config_names_the_field(cells, message):
 def test_cells_section_belongs_to_cell_mean_only():
     data = cell_config()
     del data["statistics"][0]["cells"]
-    with pytest.raises(ConfigError, match=r"statistics\[0\] \(speed\)\.cells: required for kind cell_mean"):
+    with pytest.raises(
+        ConfigError, match=r"statistics\[0\] \(speed\)\.cells: required for kind cell_mean"
+    ):
         parse_config(data)
     data = cell_config()
     data["statistics"][0]["kind"] = "count"

@@ -245,7 +245,9 @@ def test_bad_mean_config_names_the_field(change, message):
 
 
 def test_a_mean_section_on_another_kind_is_rejected():
-    with pytest.raises(ConfigError, match=r"statistics\[0\] \(c\)\.mean: only applies to kind mean"):
+    with pytest.raises(
+        ConfigError, match=r"statistics\[0\] \(c\)\.mean: only applies to kind mean"
+    ):
         parse_config(
             {
                 "privacy": {"total_epsilon": 1.0},

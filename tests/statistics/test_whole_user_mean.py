@@ -216,7 +216,9 @@ def test_george_et_al_parameters_are_refused_outside_public_counts(privacy, mean
 def test_george_et_al_mean_still_needs_its_cap_on_users():
     data = reproduction(public_counts=True)
     del data["statistics"][0]
-    with pytest.raises(ConfigError, match=r"statistics\[0\] \(latency\)\.mean\.max_users: required with"):
+    with pytest.raises(
+        ConfigError, match=r"statistics\[0\] \(latency\)\.mean\.max_users: required with"
+    ):
         parse_config(data)
 
 

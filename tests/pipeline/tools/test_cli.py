@@ -100,7 +100,10 @@ def test_check_config_states_public_counts_and_refuses_a_mix(tmp_path):
     mixed["privacy"] = {"total_epsilon": 2.0}
     out = run("check-config", write(tmp_path, mixed))
     assert out.returncode == 2
-    assert "statistics[1] (latency).mean.max_users: applies only with privacy.public_counts" in out.stderr
+    assert (
+        "statistics[1] (latency).mean.max_users: applies only with privacy.public_counts"
+        in out.stderr
+    )
 
 
 def test_check_config_accepts_the_review_reproduction_with_the_whole_user_mean(tmp_path):
@@ -226,9 +229,18 @@ def test_check_config_names_the_fields_each_statistic_reads(tmp_path):
 def test_check_config_refuses_a_filter_no_event_could_match_naming_it(tmp_path):
     cases = [
         ({"where": {"event_type": []}}, "statistics[1] (revenue).where.event_type: an empty list"),
-        ({"where": {"order.amount": "big"}}, "statistics[1] (revenue).where.order.amount: the statistic's"),
-        ({"where": {"order": "x"}}, "statistics[1] (revenue).where.order: order.amount is read below it"),
-        ({"key": "buy", "where": {"key": "sell"}}, "statistics[1] (revenue).where.key: contradicts key: buy"),
+        (
+            {"where": {"order.amount": "big"}},
+            "statistics[1] (revenue).where.order.amount: the statistic's",
+        ),
+        (
+            {"where": {"order": "x"}},
+            "statistics[1] (revenue).where.order: order.amount is read below it",
+        ),
+        (
+            {"key": "buy", "where": {"key": "sell"}},
+            "statistics[1] (revenue).where.key: contradicts key: buy",
+        ),
     ]
     for change, message in cases:
         stats = [SHOP["statistics"][0], {**SHOP["statistics"][1], **change}]
