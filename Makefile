@@ -29,8 +29,12 @@ broker-jars: $(STAMP)
 demo: $(STAMP) broker-jars
 	$(VENV)/bin/dpstream demo
 
+# Two pytest processes, a test module each at a time (--dist loadfile: a module's tests keep
+# their order and its module fixtures), each with its own broker; TEST_WORKERS=0 runs one.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) broker-jars
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not statistical"
