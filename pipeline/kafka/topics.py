@@ -28,7 +28,12 @@ from .security import confluent_config
 log = logging.getLogger(__name__)
 
 
-COMPACTED = {"cleanup.policy": "compact"}
+# A changelog is compacted, but Kafka compacts only closed segments, and a segment closes at
+# 1 GiB or after 7 days by default: until then a restore after a restart reads every write
+# since the topic began (the soak's catch-up grew from 20 to 53 s in half an hour). A
+# segment closed every 10 minutes keeps a restore to about the live entries and the last
+# minutes' writes.
+CHANGELOG_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(10 * 60 * 1000)}
 TIMESTAMP_TYPE = "message.timestamp.type"
 
 PRODUCTION_REPLICAS = 3
@@ -217,7 +222,7 @@ def _create_missing(
     replication the cluster allows; returns their names."""
     factor, min_insync = replication(len(metadata.brokers))
     ours = topic_plan(cfg)
-    configs: dict[str, dict[str, str]] = dict.fromkeys(cfg.changelog_topics, COMPACTED)
+    configs: dict[str, dict[str, str]] = dict.fromkeys(cfg.changelog_topics, CHANGELOG_CONFIG)
     for name, kind in timestamp_types(cfg).items():
         configs[name] = {TIMESTAMP_TYPE: kind}
     configs[cfg.outputs.ledger_topic] = {

@@ -59,8 +59,10 @@ def new_leaders(
         time.sleep(0.2)
 
 
-def replicas(cluster: KafkaCluster, topics: list[str]) -> dict[str, tuple[set[int], str]]:
-    """Per topic: the replica counts of its partitions, and its min.insync.replicas."""
+def replicas(
+    cluster: KafkaCluster, topics: list[str]
+) -> dict[str, tuple[set[int], dict[str, str]]]:
+    """Per topic: the replica counts of its partitions, and its configuration."""
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
     metadata = admin.list_topics(timeout=30).topics
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
@@ -68,7 +70,7 @@ def replicas(cluster: KafkaCluster, topics: list[str]) -> dict[str, tuple[set[in
     return {
         t: (
             {len(p.replicas) for p in metadata[t].partitions.values()},
-            configs[t]["min.insync.replicas"].value,
+            {name: entry.value for name, entry in configs[t].items()},
         )
         for t in topics
     }
@@ -157,9 +159,21 @@ def cluster_run(kafka_cluster, tmp_path_factory):
 
 
 def test_dpstreams_topics_have_three_replicas_two_in_sync(cluster_run):
-    for topic, (counts, min_insync) in cluster_run["replicas"].items():
+    for topic, (counts, config) in cluster_run["replicas"].items():
         assert counts == {3}, topic
-        assert min_insync == "2", topic
+        assert config["min.insync.replicas"] == "2", topic
+
+
+def test_the_changelogs_are_compacted_and_close_a_segment_every_ten_minutes(cluster_run):
+    """Kafka compacts closed segments only (1 GiB or 7 days by default): without a
+    segment.ms, a restore reads every write since the changelog began."""
+    changelogs = cluster_run["cfg"].changelog_topics
+    for topic, (_, config) in cluster_run["replicas"].items():
+        if topic in changelogs:
+            assert (config["cleanup.policy"], config["segment.ms"]) == ("compact", "600000")
+        else:
+            assert config["cleanup.policy"] == "delete", topic
+            assert config["segment.ms"] == "604800000", topic  # the broker's default
 
 
 def test_the_killed_broker_led_events_and_changelog_partitions(cluster_run):
