@@ -23,7 +23,6 @@ import contextlib
 import fcntl
 import gc
 import hashlib
-import json
 import logging
 import os
 import re
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from dpstream.operators.errors import DpStreamError
+
+from .processes import ServiceProcess, read_state, reap, write_state
 
 logger = logging.getLogger(__name__)
 
@@ -408,31 +409,6 @@ def _write_properties(path: Path, settings: Mapping[str, str]) -> None:
     path.write_text("\n".join(lines) + "\n", "utf-8")
 
 
-def _proc_cmdline(pid: int) -> str | None:
-    """The command line of ``pid`` on Linux, ``None`` where /proc is unavailable."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return "" if Path("/proc/self").exists() else None
-    except OSError:
-        return None
-    return raw.replace(b"\0", b" ").decode("utf-8", "replace")
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status of ``pid`` if it is our exited child (no zombie left)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
 def _format_storage(
     java: str, classpath: str, props: Path, cwd: Path, cluster_id: str, extra: Sequence[str] = ()
 ) -> None:
@@ -470,7 +446,7 @@ def _format_storage(
 
 
 @dataclass
-class LocalKafka:
+class LocalKafka(ServiceProcess):
     """A single-node KRaft broker from Kafka's own jars on free loopback ports, data in a temp dir.
 
     Attributes:
@@ -645,47 +621,8 @@ class LocalKafka:
                 raise
             raise BrokerError(f"{exc}; end of {self.log_file}:\n{_tail(self.log_file)}") from None
 
-    def is_alive(self) -> bool:
-        """Whether the broker process still runs (a zombie or a reused pid does not count)."""
-        if self._proc is not None:
-            return self._proc.poll() is None
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return False  # someone else's process: ours would be signalable
-        if _is_zombie(self.pid):
-            _reap(self.pid)
-            return False
-        cmdline = _proc_cmdline(self.pid)
-        if cmdline is None:  # no /proc (macOS): trust the pid
-            return True
+    def _is_ours(self, cmdline: str) -> bool:
         return "kafka.Kafka" in cmdline and str(self.data_dir) in cmdline
-
-    def _signal(self, sig: signal.Signals) -> None:
-        try:
-            if os.getpgid(self.pid) == self.pid:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def _wait_exit(self, timeout: float) -> bool:
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        deadline = time.monotonic() + timeout
-        while self.is_alive():
-            if time.monotonic() >= deadline:
-                return False
-            _reap(self.pid)
-            time.sleep(0.1)
-        return True
 
     def stop(self, timeout: float = 20.0) -> None:
         """Shut the broker down cleanly (SIGTERM), SIGKILL if it takes longer than ``timeout``.
@@ -695,19 +632,12 @@ class LocalKafka:
         Args:
             timeout: Seconds to wait for a clean shutdown before SIGKILL.
         """
-        atexit.unregister(self._atexit_stop)
         started = time.monotonic()
-        if self.is_alive():
-            self._signal(signal.SIGTERM)
-            if not self._wait_exit(timeout):
-                logger.warning(
-                    "Kafka pid %d ignored SIGTERM for %.0f s; killing", self.pid, timeout
-                )
-                self._signal(signal.SIGKILL)
-                if not self._wait_exit(10.0):
-                    raise BrokerError(f"Kafka pid {self.pid} survived SIGKILL")
+        was_alive = self.is_alive()
+        if not self._terminate(timeout, "Kafka"):
+            raise BrokerError(f"Kafka pid {self.pid} survived SIGKILL")
+        if was_alive:
             logger.info("Kafka at %s stopped in %.1f s", self.bootstrap, time.monotonic() - started)
-        _reap(self.pid)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -719,22 +649,9 @@ class LocalKafka:
         if self.is_alive():
             self._signal(signal.SIGKILL)
             self._wait_exit(10.0)
-        _reap(self.pid)
+        reap(self.pid)
         if self.owns_data_dir and not keep_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def _atexit_stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop(timeout=10.0)
-
-    def detach(self) -> None:
-        """Let the broker outlive this Python process (no stop at exit, no child handle kept)."""
-        atexit.unregister(self._atexit_stop)
-        if self._proc is not None:
-            with warnings.catch_warnings():
-                # Popen warns when dropped while its child runs; that is the point here.
-                warnings.simplefilter("ignore", ResourceWarning)
-                self._proc = None
 
 
 # --------------------------------------------------------------------------- Docker
@@ -1005,15 +922,7 @@ def state_file() -> Path:
 
 
 def _read_state() -> dict[str, Any] | None:
-    path = state_file()
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        logger.warning("ignoring unreadable broker state %s: %s", path, exc)
-        return None
-    return state if isinstance(state, dict) else None
+    return read_state(state_file(), "broker")
 
 
 def _from_state(state: Mapping[str, Any]) -> LocalKafka:
@@ -1093,11 +1002,7 @@ def start_detached(
         "log_file": str(kafka.log_file),
         "owns_data_dir": kafka.owns_data_dir,
     }
-    path = state_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_state(state_file(), state)
     return {**state, "already_running": False}
 
 

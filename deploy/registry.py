@@ -25,19 +25,15 @@ coordinates alone (``dependency:get`` without transitive resolution), not throug
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import warnings
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,15 +45,13 @@ from dpstream.operators.errors import DpStreamError
 
 from .broker import (
     _free_ports,
-    _is_zombie,
     _java,
-    _proc_cmdline,
-    _reap,
     _tail,
     cache_dir,
     home_dir,
     require_tool,
 )
+from .processes import ServiceProcess, read_state, write_state
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +176,7 @@ def wait_for_registry(url: str, timeout: float, check: Any = None) -> None:
 
 
 @dataclass
-class LocalRegistry:
+class LocalRegistry(ServiceProcess):
     """Apicurio Registry on a free loopback port, schemas in memory.
 
     Attributes:
@@ -254,59 +248,13 @@ class LocalRegistry:
         )
         return registry
 
-    def is_alive(self) -> bool:
-        """Whether the registry process still runs (a zombie or a reused pid does not count)."""
-        if self._proc is not None:
-            return self._proc.poll() is None
-        try:
-            os.kill(self.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        if _is_zombie(self.pid):
-            _reap(self.pid)
-            return False
-        cmdline = _proc_cmdline(self.pid)
-        return cmdline is None or _RUNNER in cmdline
-
-    def _signal(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if os.getpgid(self.pid) == self.pid:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
-
-    def _wait_exit(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.is_alive():
-            if time.monotonic() >= deadline:
-                return False
-            _reap(self.pid)
-            time.sleep(0.1)
-        return True
+    def _is_ours(self, cmdline: str) -> bool:
+        return _RUNNER in cmdline
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM, SIGKILL after ``timeout``; removes its folder. Safe to call twice."""
-        atexit.unregister(self._atexit_stop)
-        if self.is_alive():
-            self._signal(signal.SIGTERM)
-            if not self._wait_exit(timeout):
-                logger.warning("Schema Registry pid %d ignored SIGTERM; killing", self.pid)
-                self._signal(signal.SIGKILL)
-                self._wait_exit(10.0)
-        _reap(self.pid)
+        self._terminate(timeout, "Schema Registry")
         shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def _atexit_stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop(timeout=10.0)
-
-    def detach(self) -> None:
-        """Let the registry outlive this Python process."""
-        atexit.unregister(self._atexit_stop)
-        if self._proc is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                self._proc = None
 
 
 @contextmanager
@@ -337,14 +285,14 @@ def state_file() -> Path:
 
 
 def _recorded() -> LocalRegistry | None:
+    state = read_state(state_file(), "registry")
+    if state is None:
+        return None
     try:
-        state = json.loads(state_file().read_text(encoding="utf-8"))
         return LocalRegistry(
             str(state["url"]), int(state["pid"]), Path(state["data_dir"]), Path(state["log_file"])
         )
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         logger.warning("ignoring unreadable registry state %s: %s", state_file(), exc)
         return None
 
@@ -381,11 +329,7 @@ def start_detached() -> dict[str, Any]:
         "data_dir": str(registry.data_dir),
         "log_file": str(registry.log_file),
     }
-    path = state_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_state(state_file(), state)
     return {**state, "already_running": False}
 
 
