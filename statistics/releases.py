@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_origin, get_type_hints
 
-from dpstream.config.schema import PipelineConfig
+from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators.accounting import Charge, PrivacyStatement
 
 from .contract import Statistic
@@ -412,6 +412,11 @@ def fields_of(parts: tuple[type, ...]) -> list[tuple[str, Any, bool]]:
         for part in parts
         for name, hint in get_type_hints(part, include_extras=True).items()
     ]
+
+
+def accounting_and_noise(stat: StatisticConfig) -> tuple[str, str]:
+    """What ``stat``'s releases state as their ``accounting`` and ``noise``."""
+    return (ZCDP_ACCOUNTING, ZCDP_NOISE) if stat.zcdp else (ACCOUNTING, NOISE)
 
 
 def tree_field(tree: tuple[str, int]) -> TreeField:
