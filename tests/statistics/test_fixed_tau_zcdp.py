@@ -4,6 +4,7 @@ with zero noise, keyed and replay-safe, its std the exact one."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from fractions import Fraction
@@ -178,8 +179,8 @@ def test_one_user_moves_the_counter_s_leaves_by_at_most_its_sensitivity(neighbou
             for t, tick in enumerate(stream)
         ]
         out = by_statistic(replay(cfg, log_of(kept), ZeroNoise()))
-        return {n: [b - a for a, b in zip([0] + [r["value"] for r in rs], [r["value"] for r in rs])]
-                for n, rs in out.items()}  # fmt: skip
+        sums = {n: [0] + [r["value"] for r in rs] for n, rs in out.items()}
+        return {n: [b - a for a, b in itertools.pairwise(v)] for n, v in sums.items()}
 
     full = leaves(set())
     subsets = (
