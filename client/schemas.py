@@ -1,7 +1,7 @@
 """The published JSON Schemas of what a pipeline writes: its releases, its ledger entries
 and its dead letters, one file per record family and schema version in docs/schemas/
-(``release.v4.json``, ``ledger.v4.json``, ``dead-letter.v1.json``), shipped in the wheel as
-the package ``dpstream.schemas``.
+(``release.v5.json``, ``ledger.v5.json``, ``dead-letter.v1.json``, and the earlier
+versions), shipped in the wheel as the package ``dpstream.schemas``.
 
 They are generated from the ``TypedDict``\\ s the records are built by
 (``statistics/releases.py``; ``DeadLetterRecord`` in ``pipeline/wire/records.py``), with the

@@ -37,6 +37,7 @@ from dpstream.operators.cells import cell_accountant, cell_mean
 from dpstream.operators.cells.cell_accountant import CellAccountantSpec
 from dpstream.operators.cells.cell_mean import CellMeanSpec
 from dpstream.operators.errors import DpStreamError, InvalidOperatorConfig
+from dpstream.operators.noise import snapping
 
 log = logging.getLogger(__name__)
 
@@ -503,7 +504,13 @@ class Neighbours(StrEnum):
     any_subset = "any_subset"
 
 
-Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto"]
+# sqrt_factorization: the square-root factorization counter with discrete Gaussian noise,
+# the one mechanism of privacy.accounting: zcdp (operators/trees/sqrt_factorization.py).
+Mechanism = Literal["binary", "kary", "kary_subtract", "expiring", "auto", "sqrt_factorization"]
+
+# The delta check-config and the ledger state a zCDP pipeline's (epsilon, delta) at when
+# privacy.delta is not given (docs/security.md).
+DEFAULT_DELTA = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +524,8 @@ class KindEntry:
     ``rank`` and ``halve_margin``. ``fixed_tau``: an integer tau (Alg. 3) is allowed besides
     tau: auto. ``deletions``: ``deletions: true`` is supported (tau: auto). ``trees``: with
     tau: auto its instances may run the k-ary trees (``kary``, ``kary_subtract``) besides
-    Dong-Luo-Yi's binary tree.
+    Dong-Luo-Yi's binary tree. ``zcdp``: with a fixed tau it runs under ``privacy.accounting:
+    zcdp`` (the square-root factorization counter).
     """
 
     needs_value: bool = True
@@ -527,14 +535,15 @@ class KindEntry:
     fixed_tau: bool = False
     deletions: bool = True
     trees: bool = False
+    zcdp: bool = False
 
 
 # The kinds the schema accepts, with the parameters each takes. Their implementations are
 # the statistics layer's registry (dpstream.statistics.registry), which checks at import
 # that it names the same kinds: adding a kind is its module, one line there and one here.
 KINDS: dict[str, KindEntry] = {
-    "count": KindEntry(needs_value=False, fixed_tau=True, trees=True),
-    "sum": KindEntry(values="max_value", fixed_tau=True, trees=True),
+    "count": KindEntry(needs_value=False, fixed_tau=True, trees=True, zcdp=True),
+    "sum": KindEntry(values="max_value", fixed_tau=True, trees=True, zcdp=True),
     "histogram": KindEntry(values="bins", trees=True),
     "kselect": KindEntry(values="bins", rank=True, deletions=False),
     "distinct": KindEntry(deletions=False),
@@ -800,7 +809,9 @@ class StatisticConfig(_Model):
     # values in [1, bins] (and their max frequency); kselect: the rank-th largest value
     # in [1, bins] (max, median or an integer k); distinct: distinct event values.
     kind: Kind = "count"
-    epsilon: float = Field(gt=0)
+    # Its budget: epsilon under privacy.accounting: pure, rho (zCDP) under zcdp; one of them.
+    epsilon: float | None = Field(None, gt=0)
+    rho: float | None = Field(None, gt=0)
     # auto: the user-level mechanism (Dong-Luo-Yi Alg. 5): no contribution bound to guess;
     # an SVT tracker finds it. An integer: fixed truncation (Alg. 3), count and sum only.
     tau: int | Literal["auto"] = "auto"
@@ -874,10 +885,31 @@ class StatisticConfig(_Model):
 
     @field_validator("epsilon")
     @classmethod
-    def _epsilon(cls, v: float) -> float:
-        if v > 5:
+    def _epsilon(cls, v: float | None) -> float | None:
+        if v is not None and v > 5:
             log.warning("epsilon=%s is large; the privacy guarantee is weak", v)
         return v
+
+    @model_validator(mode="after")
+    def _budget(self) -> StatisticConfig:
+        """One budget: epsilon (pure DP) or rho (zCDP); which one the pipeline's
+        ``privacy.accounting`` allows is checked there (``PipelineConfig``)."""
+        if self.epsilon is None and self.rho is None:
+            raise ValueError("epsilon: required (rho instead under privacy.accounting: zcdp)")
+        if self.epsilon is not None and self.rho is not None:
+            raise ValueError("rho: give epsilon (pure DP) or rho (zCDP), not both")
+        return self
+
+    @property
+    def zcdp(self) -> bool:
+        """Accounted in rho-zCDP (``privacy.accounting: zcdp``; its budget is ``rho``)."""
+        return self.rho is not None
+
+    @property
+    def pure_epsilon(self) -> float:
+        """Its epsilon, for the mechanisms that run under pure accounting only."""
+        assert self.epsilon is not None, "a pure-DP statistic has an epsilon (validated)"
+        return self.epsilon
 
     @field_validator("tau")
     @classmethod
@@ -994,7 +1026,7 @@ class StatisticConfig(_Model):
         return 0.0, float(self.max_value)
 
     def _check_cells(self, cells: CellConfig) -> None:
-        if cells.epoch_cap < self.epsilon:
+        if self.epsilon is not None and cells.epoch_cap < self.epsilon:
             raise ValueError(
                 f"cells.epoch_cap: B = {cells.epoch_cap:g} is below one cell's epsilon "
                 f"({self.epsilon:g}), so no cell could ever be released"
@@ -1037,9 +1069,11 @@ class StatisticConfig(_Model):
         return StatisticTerms(
             name=self.name,
             kind=self.kind,
-            epsilon=exact(self.epsilon),
+            epsilon=exact(self.epsilon or 0.0),  # not charged under zcdp (rho is)
             form=form,
-            mechanism=self.mechanism or "binary",  # every tree counter is charged alike
+            # every tree counter is charged alike; under zcdp only the square-root
+            # factorization runs (registry.resolved)
+            mechanism="sqrt_factorization" if self.zcdp else self.mechanism or "binary",
             lam=None if self.lam is None else exact(self.lam),
             delay=self.delay,
             horizon_ticks=self.horizon_ticks,
@@ -1049,13 +1083,41 @@ class StatisticConfig(_Model):
             ),
             max_samples=None if mean is None else mean.max_samples_per_user,
             resolution=None if mean is None else mean.resolution,
+            rho=None if self.rho is None else exact(self.rho),
+            sensitivity=self._leaf_sensitivity(),
         )
+
+    def _leaf_sensitivity(self) -> int:
+        """A fixed-tau count's or sum's bound on one user's leaves, sum_t |x_t|: tau units
+        (a count's events, a ``max_value`` sum's value units), or on a grid tau events of
+        at most the grid's largest magnitude in units each (``snapping``); 1 where it does
+        not apply (tau: auto, own caps). Stage 2 builds the same (``fixed_tau.py``)."""
+        if self.user_level or self.own_caps:
+            return 1
+        if KINDS[self.kind].values != "max_value" or self.max_value is not None:
+            return self.fixed_tau
+        lower, upper = self.value_bounds
+        assert self.resolution is not None
+        step = (Fraction(repr(upper)) - Fraction(repr(lower))) / self.resolution
+        grid = snapping.make_grid(step)
+        # statistics.bounding.ValueGrid.bound: the most grid units one event moves the sum
+        units = max(abs(snapping.to_units(grid, lower)), abs(snapping.to_units(grid, upper)))
+        return self.fixed_tau * units
 
 
 class PrivacyConfig(_Model):
+    # pure: epsilon-DP, epsilons add up (basic composition); zcdp: rho-zCDP, rhos add up
+    # (Bun-Steinke Lemma 1.7), every statistic a fixed-tau count or sum on the
+    # square-root factorization counter with discrete Gaussian noise. A pipeline is one
+    # or the other (operators.accounting).
+    accounting: Literal["pure", "zcdp"] = "pure"
     # What one user may lose across all statistics of this pipeline (basic composition,
-    # operators.accounting).
-    total_epsilon: float = Field(gt=0)
+    # operators.accounting): under pure accounting.
+    total_epsilon: float | None = Field(None, gt=0)
+    # Under zcdp: the rho one user may lose, and the delta at which the statement also
+    # says the (epsilon, delta)-DP it implies (DEFAULT_DELTA when not given).
+    total_rho: float | None = Field(None, gt=0)
+    delta: float | None = Field(None, gt=0, lt=1)
     neighbours: Neighbours = Neighbours.whole_user
     # True: who sent how many events when is public and only values are protected (the
     # continual mean of George et al., per-cell means with counts_public). Such a pipeline
@@ -1066,6 +1128,41 @@ class PrivacyConfig(_Model):
     # reads one of this pipeline's source topics: checked at worker start against their
     # latest statements (pipeline/worker/ledger.py). None: their sum is logged as a warning.
     cross_pipeline_epsilon: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _accounting_fields(self) -> PrivacyConfig:
+        """Each accounting's own budget fields, and none of the other's."""
+        if self.accounting == "pure":
+            for name in ("total_rho", "delta"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: applies only with accounting: zcdp")
+            if self.total_epsilon is None:
+                raise ValueError("total_epsilon: required (total_rho with accounting: zcdp)")
+            return self
+        for name in ("total_epsilon", "cross_pipeline_epsilon"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"{name}: does not apply with accounting: zcdp, whose budget is "
+                    "total_rho (the statement states the (epsilon, delta) it implies)"
+                )
+        if self.total_rho is None:
+            raise ValueError("total_rho: required with accounting: zcdp")
+        return self
+
+    @property
+    def stated_total_epsilon(self) -> float:
+        """The total a statement states in epsilon: ``total_epsilon``, or under zcdp the
+        epsilon ``total_rho`` implies at ``stated_delta`` (``accounting.implied_epsilon``)."""
+        if self.total_rho is None:
+            assert self.total_epsilon is not None
+            return self.total_epsilon
+        rho = Fraction(repr(self.total_rho))
+        return float(accounting.implied_epsilon(rho, self.stated_delta))
+
+    @property
+    def stated_delta(self) -> float:
+        """The delta of a zCDP statement's (epsilon, delta): ``delta`` or DEFAULT_DELTA."""
+        return DEFAULT_DELTA if self.delta is None else self.delta
 
 
 # The worker's Faust tables (pipeline/worker/app.py); Faust names their changelogs
@@ -1093,6 +1190,7 @@ class PipelineConfig(_Model):
             if name in names[:i]:
                 raise ValueError(f"statistics[{i}].name: duplicate statistic name {name!r}")
         self._check_mean_modes()
+        self._check_accounting()
         try:
             self.privacy_statement()
         except StatementError as exc:
@@ -1120,6 +1218,42 @@ class PipelineConfig(_Model):
                             "the whole-user mean bounds each user by max_samples_per_user "
                             "alone and its noise does not depend on the number of users"
                         )
+
+    def _check_accounting(self) -> None:
+        """Every statistic in the pipeline's accounting: its budget field, and under zcdp
+        only what the square-root factorization counter runs (a fixed-tau count or sum)."""
+        zcdp = self.privacy.accounting == "zcdp"
+        for i, stat in enumerate(self.statistics):
+            at = f"statistics[{i}]"
+            if not zcdp:
+                if stat.rho is not None:
+                    raise ValueError(f"{at}.rho: applies only with privacy.accounting: zcdp")
+                if stat.mechanism == "sqrt_factorization":
+                    raise ValueError(
+                        f"{at}.mechanism: sqrt_factorization (Gaussian noise) runs only with "
+                        "privacy.accounting: zcdp"
+                    )
+                continue
+            if stat.epsilon is not None:
+                raise ValueError(
+                    f"{at}.epsilon: does not apply with privacy.accounting: zcdp; give rho"
+                )
+            if not KINDS[stat.kind].zcdp:
+                zcdp_kinds = " and ".join(_kinds_with(lambda p: p.zcdp))
+                raise ValueError(
+                    f"{at}.kind: {stat.kind} has no zCDP mechanism; privacy.accounting: zcdp "
+                    f"runs {zcdp_kinds} with a fixed tau (the square-root factorization)"
+                )
+            if stat.user_level:
+                raise ValueError(
+                    f"{at}.tau: privacy.accounting: zcdp needs a fixed tau: tau: auto's "
+                    "tracker and instances (Dong-Luo-Yi Alg. 5) are pure-DP mechanisms"
+                )
+            if stat.mechanism not in (None, "auto", "sqrt_factorization"):
+                raise ValueError(
+                    f"{at}.mechanism: {stat.mechanism} adds Laplace noise (pure DP); "
+                    "privacy.accounting: zcdp runs sqrt_factorization"
+                )
 
     @model_validator(mode="after")
     def _topics_apart(self) -> PipelineConfig:
@@ -1188,13 +1322,17 @@ class PipelineConfig(_Model):
     def privacy_statement(self, retired: tuple = ()) -> PrivacyStatement:
         """The pipeline's privacy statement (operators.accounting); ``retired``: charges of
         statistics this app id ran before and no longer runs."""
+        privacy = self.privacy
+        zcdp = privacy.accounting == "zcdp"
         return accounting.statement(
             self.app_id,
-            [s.terms(self.privacy.public_counts) for s in self.statistics],
-            self.privacy.neighbours.value,
-            self.privacy.public_counts,
-            Fraction(repr(self.privacy.total_epsilon)),
+            [s.terms(privacy.public_counts) for s in self.statistics],
+            privacy.neighbours.value,
+            privacy.public_counts,
+            None if privacy.total_epsilon is None else Fraction(repr(privacy.total_epsilon)),
             retired,
+            total_rho=None if privacy.total_rho is None else Fraction(repr(privacy.total_rho)),
+            delta=privacy.stated_delta if zcdp else None,
         )
 
     def release_topic(self, statistic: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dpstream.config.schema import PipelineConfig
 
 from .registry import statistic_for
-from .releases import ACCOUNTING, NOISE
+from .releases import accounting_and_noise
 
 PLANNED_TICKS = (10, 1_000, 100_000)
 
@@ -28,8 +28,9 @@ def plan_lines(cfg: PipelineConfig) -> list[str]:
         ticks = planned_ticks(stat.horizon_ticks)
         accuracy = statistic.accuracy(ticks)
         tree = "" if statistic.tree is None else f", tree {statistic.tree[0]} k={statistic.tree[1]}"
+        accounting, noise = accounting_and_noise(stat)
         lines.append(
-            f"  {stat.name}: {statistic.mechanism}{tree}, {ACCOUNTING}, noise {NOISE}; "
+            f"  {stat.name}: {statistic.mechanism}{tree}, {accounting}, noise {noise}; "
             f"interval of {statistic.interval_of}"
         )
         header = ", ".join(f"t={t:,}" for t in ticks)

@@ -469,7 +469,7 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> CellMeanStatis
     # Strict mode honours privacy.neighbours: any_subset doubles the sum's noise (the
     # accountant refuses any_subset beside public counts).
     any_subset = cfg.privacy.neighbours is Neighbours.any_subset
-    spec = cells.operator_spec(stat.epsilon, any_subset=any_subset)
+    spec = cells.operator_spec(stat.pure_epsilon, any_subset=any_subset)
     clip = None
     if cells.clip_user:
         clip = clip_user.make_clip_user(

@@ -1,6 +1,9 @@
 """Kinds count and sum with a fixed tau: Dong-Luo-Yi Alg. 3 in stage 1 (each user's first
 tau units are kept, the rest dropped), a continual tree counter over the kept units in
-stage 2 (the binary tree, a k-ary tree with or without subtraction, or an expiring tree).
+stage 2 (the binary tree, a k-ary tree with or without subtraction, or an expiring tree),
+or under ``privacy.accounting: zcdp`` the square-root factorization counter with discrete
+Gaussian noise (``operators.trees.sqrt_factorization``, built as the accountant charges
+it: ``accounting.sqrt_counter``).
 
 Stage 1 is a ``ColumnarBounding`` with the truncation spec (``bounding.py``: a whole batch
 at a time in numpy); stage 2 steps the operator module the config names
@@ -24,8 +27,15 @@ from typing import Any
 
 from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
 from dpstream.operators import accounting, state_codec
-from dpstream.operators.noise import NoiseSource, Shown, TreeRelease, interval, settle
-from dpstream.operators.trees import expiring_tree, kary_tree, tree_counter
+from dpstream.operators.noise import (
+    NoiseSource,
+    Shown,
+    TreeRelease,
+    discrete_gaussian,
+    interval,
+    settle,
+)
+from dpstream.operators.trees import expiring_tree, kary_tree, sqrt_factorization, tree_counter
 from dpstream.operators.user_level import truncation
 
 from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
@@ -150,10 +160,16 @@ class FixedTauStatistic(WeightsStage2):
 def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> FixedTauStatistic:
     """The tree counter of ``stat`` over the kept units; under ``any_subset`` each leaf's
     sensitivity doubles (``accounting.sensitivity_multiplier``)."""
-    multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
+    relation = cfg.privacy.neighbours.value
+    multiplier = accounting.sensitivity_multiplier(relation)
     grid = value_grid(stat)
     # A sum on a grid keeps a user's first tau events, each at most grid.bound units.
-    counter = counter_for(stat, multiplier * stat.fixed_tau * (1 if grid is None else grid.bound))
+    sensitivity = multiplier * stat.fixed_tau * (1 if grid is None else grid.bound)
+    counter = (
+        gaussian_counter_for(stat, relation, sensitivity)
+        if stat.zcdp
+        else counter_for(stat, sensitivity)
+    )
     return replace(
         counter,
         floor=least_value(stat),
@@ -162,23 +178,47 @@ def make_statistic(stat: StatisticConfig, cfg: PipelineConfig) -> FixedTauStatis
     )
 
 
+def kept_units(stat: StatisticConfig) -> UnitBounding:
+    """Stage 1 of ``stat``: each user's first tau units (a grid sum's first tau events)."""
+    grid = value_grid(stat)
+    if grid is not None:
+        return GridSumBounding(stat.name, stat.key, False, grid=grid, tau=stat.fixed_tau)
+    return ColumnarBounding(
+        stat.name,
+        stat.key,
+        stat.deletions,
+        fixed=truncation.make_truncation(stat.fixed_tau),
+        max_value=stat.max_value,
+    )
+
+
+def gaussian_counter_for(
+    stat: StatisticConfig, relation: str, sensitivity: int
+) -> FixedTauStatistic:
+    """The square-root factorization counter of a zCDP ``stat``: the accountant's own
+    (``accounting.sqrt_counter``: the rho, leaf sensitivity and design horizon it charges),
+    whose leaf sensitivity must be the ``sensitivity`` stage 1's bounding allows."""
+    spec = accounting.sqrt_counter(stat.terms(), relation)
+    if spec.sensitivity != sensitivity:  # pragma: no cover - config and bounding agree
+        raise AssertionError(
+            f"{stat.name}: charged sensitivity {spec.sensitivity} != {sensitivity}"
+        )
+    return FixedTauStatistic(
+        stat.name,
+        stat.fixed_tau,
+        kept_units(stat),
+        sqrt_factorization.MECHANISM,
+        sqrt_factorization,
+        spec,
+        sqrt_factorization.SqrtFactorizationState,
+    )
+
+
 def counter_for(stat: StatisticConfig, sensitivity: int, instance: int = 0) -> FixedTauStatistic:
     """The counter of ``stat`` whose leaves have per-level L1 sensitivity ``sensitivity``."""
-    epsilon = Fraction(repr(stat.epsilon))  # the decimal the user wrote
+    epsilon = Fraction(repr(stat.pure_epsilon))  # the decimal the user wrote
     prefix = (stat.name, instance)
-    grid = value_grid(stat)
-    bounding: UnitBounding
-    if grid is not None:
-        bounding = GridSumBounding(stat.name, stat.key, False, grid=grid, tau=stat.fixed_tau)
-    else:
-        bounding = ColumnarBounding(
-            stat.name,
-            stat.key,
-            stat.deletions,
-            fixed=truncation.make_truncation(stat.fixed_tau),
-            max_value=stat.max_value,
-        )
-    common = (stat.name, stat.fixed_tau, bounding)
+    common = (stat.name, stat.fixed_tau, kept_units(stat))
     mechanism, k = stat.mechanism, stat.k
     if mechanism == "auto":
         # Public parameters only: choosing costs no privacy (docs/papers.md).
@@ -239,6 +279,12 @@ def identity(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
     if isinstance(counter.spec, kary_tree.KaryTreeSpec):
         out["k"] = counter.spec.k
     modules = [truncation, tree_counter, kary_tree, expiring_tree]
+    if stat.zcdp:
+        # Under zCDP: the accounting, the BLT's design horizon (its decays) and the
+        # Gaussian sampler (rho and the rest are in the statistic's definition).
+        out["accounting"] = "zcdp"
+        out["design_horizon"] = stat.horizon_ticks or sqrt_factorization.DEFAULT_HORIZON
+        modules = [truncation, sqrt_factorization, discrete_gaussian]
     out["versions"] = {m.__name__.rsplit(".", 1)[-1]: m.VERSION for m in modules}
     return {"algorithm": out}
 
@@ -262,7 +308,8 @@ def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
         if tree is None or stat.mechanism == tree[0]
         else f"{stat.mechanism}: {tree[0]}"
     )
-    return f"{stat.kind} via {via}, epsilon={stat.epsilon:g}, tau={stat.tau}{params}"
+    budget = f"rho={stat.rho:g}" if stat.rho is not None else f"epsilon={stat.epsilon:g}"
+    return f"{stat.kind} via {via}, {budget}, tau={stat.tau}{params}"
 
 
 def shown(previous: int | None, rel: TreeRelease, floor: int | None, noisy: bool) -> Shown:

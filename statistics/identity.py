@@ -19,14 +19,16 @@ from .registry import identity, resolved
 
 def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
     """``stat``'s identity: its whole definition, the pipeline's relation, the tick length
-    (steps count ticks), the privacy unit (``input.user_id_field``: another field is
-    another set of users, each with a fresh bound inside the same trees), the noise mode
+    (steps count ticks), the accounting (under zcdp: with the rho, the Gaussian counter
+    and sampler, so a zCDP statistic's noise scope never meets a pure one's), the privacy
+    unit (``input.user_id_field``: another field is another set of users, each with a
+    fresh bound inside the same trees), the noise mode
     (zero and keyed noise never share a statistic), what its kind adds (the mechanism as
     resolved and its algorithms' versions, and e.g. a continual mean's partitions, over
     which its cap on users is split) and the noise sampler's version. A mechanism not
     named is resolved first (``registry.resolved``): the identity records the tree."""
     stat = resolved(stat)
-    return {
+    out: dict[str, object] = {
         "app_id": cfg.app_id,
         "statistic": _definition(stat),
         "neighbours": cfg.privacy.neighbours.value,
@@ -37,12 +39,17 @@ def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str,
         **identity(stat, cfg),
         "noise_sampler": discrete_laplace.VERSION,
     }
+    if cfg.privacy.accounting == "zcdp":
+        # Only under zcdp, so a pure statistic keeps its fingerprint; its kind's part
+        # names the Gaussian counter and sampler, its definition the rho.
+        out["accounting"] = "zcdp"
+    return out
 
 
 # Fields added to a statistic's config after statistics ran: left out of its definition
 # while unset, so a statistic that does not use them keeps its fingerprint (and its ledger
 # entries, its state and its noise).
-LATER_FIELDS = ("lower", "upper", "resolution", "value_field", "where")
+LATER_FIELDS = ("lower", "upper", "resolution", "value_field", "where", "rho")
 
 
 def _definition(stat: StatisticConfig) -> dict[str, object]:

@@ -164,10 +164,14 @@ def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> Sta
             has never seen.
 
     Returns:
-        ``stat`` itself if it names a mechanism; else with the mechanism and k it ran (a
+        Under zCDP accounting ``sqrt_factorization``, its one counter. Else ``stat``
+        itself if it names a mechanism; else with the mechanism and k it ran (a
         statistic that ran before the default changed recorded ``binary``, so it keeps
         its tree and its fingerprint), or for a new one with ``default_tree``'s.
     """
+    if stat.zcdp and stat.mechanism != "sqrt_factorization":
+        # zCDP accounting has one counter, which auto (and naming none) picks.
+        return stat.model_copy(update={"mechanism": "sqrt_factorization"})
     if stat.mechanism is not None:
         return stat
     if ran is not None:

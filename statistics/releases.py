@@ -6,13 +6,15 @@ common ones (``ReleaseHeader``); every ledger entry of a statistic likewise
 identity. Stage 2 builds them all through ``Records``; the key order is part of the
 published bytes and is fixed here.
 
-Schema versions: releases 4 (every release says what its interval covers, its counting
+Schema versions: releases 5 (every release says what its interval covers, its counting
 tree, its accounting and its noise: ``interval_of``, ``tree``, ``accounting``, ``noise``;
 a count's, sum's, histogram's and distinct count's ``value`` is post-processed and the
-operator's estimate is ``unbiased``: docs/design.md section 5c), ledger records 4
-(every record names its app id and is authenticated; statements carry runs, sources and
-the user id field; a statistic's first entry is ``"event": "start"`` with its run:
-docs/design.md sections 4a and 4b).
+operator's estimate is ``unbiased``: docs/design.md section 5c; 5 adds the zCDP mode's
+``rho`` and ``delta``, with ``accounting: zcdp`` and ``noise: discrete_gaussian``),
+ledger records 5 (every record names its app id and is authenticated; statements carry
+runs, sources and the user id field; a statistic's first entry is ``"event": "start"``
+with its run: docs/design.md sections 4a and 4b; 5 adds the zCDP statement's and
+charges' ``rho``, ``total_rho`` and ``delta``).
 
 The shapes of what is published are declared here too, as ``TypedDict``\ s: the header
 of every release (``ReleaseHeader``) around each kind's own fields (``CounterFields``, ...;
@@ -31,26 +33,30 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_origin, get_type_hints
 
-from dpstream.config.schema import PipelineConfig
+from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators.accounting import Charge, PrivacyStatement
 
 from .contract import Statistic
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CONFIDENCE = 0.95  # of every interval a release carries
-# What every statistic's guarantee is accounted in and what its noise is drawn from today:
-# pure epsilon-DP (basic composition) and the discrete Laplace (operators.noise; a
-# continual mean's private medians are exponential-mechanism picks on top of it).
+# What a statistic's guarantee is accounted in and what its noise is drawn from: pure
+# epsilon-DP (basic composition) and the discrete Laplace (operators.noise; a continual
+# mean's private medians are exponential-mechanism picks on top of it), or under
+# privacy.accounting: zcdp rho-zCDP and the discrete Gaussian (the square-root
+# factorization counter).
 ACCOUNTING = "pure_dp"
 NOISE = "discrete_laplace"
+ZCDP_ACCOUNTING = "zcdp"
+ZCDP_NOISE = "discrete_gaussian"
 # What a release's interval can cover (``Statistic.interval_of``; README, release schema):
 # "truncated": the statistic of the truncated data (each user's first tau contributions);
 # "clipped": the mean of the samples the mechanism covered, clipped to the bounds;
 # "none": the release has no interval (a k-selection's one-way margin).
 INTERVAL_OF = ("truncated", "clipped", "none")
-LEDGER_SCHEMA_VERSION = 4
+LEDGER_SCHEMA_VERSION = 5
 
 
 class TreeField(TypedDict):
@@ -76,8 +82,10 @@ class ReleaseHeader(TypedDict):
     mechanism: str
     tree: TreeField | None  # the counting tree (None: the mechanism is not one tree)
     interval_of: str  # one of INTERVAL_OF
-    accounting: str  # ACCOUNTING
-    noise: str  # NOISE
+    accounting: str  # ACCOUNTING or ZCDP_ACCOUNTING
+    noise: str  # NOISE or ZCDP_NOISE
+    rho: NotRequired[float]  # zCDP: the statistic's rho; epsilon is then what it implies
+    delta: NotRequired[float]  # zCDP: at this delta (Canonne-Kamath-Steinke)
     public_counts: NotRequired[bool]  # only in a public-counts pipeline, and then true
     insecure: NotRequired[str]  # only with noise.mode other than keyed: that mode
 
@@ -228,6 +236,7 @@ class LedgerHeader(TypedDict):
     statistic: str
     tick: int
     total_epsilon: float
+    total_rho: NotRequired[float]  # zCDP: total_epsilon is what it implies at the delta
 
 
 class Signature(TypedDict):
@@ -260,6 +269,8 @@ class StartEntry(TypedDict):
     note: str
     total_epsilon: float
     charged: float
+    rho: NotRequired[float]  # zCDP: charged in rho; epsilon and charged at delta
+    delta: NotRequired[float]
     fingerprint: str
     run_id: str
     start_tick: int
@@ -342,6 +353,8 @@ class ChargeRecord(TypedDict):
     exact_counts: bool
     basis: str
     run_id: NotRequired[str]
+    rho: NotRequired[float]  # zCDP: its rho; epsilon what it implies alone at delta
+    delta: NotRequired[float]
 
 
 class RunIdentity(TypedDict):
@@ -368,6 +381,10 @@ class StatementEntry(TypedDict):
     total_epsilon: float
     statistics: list[ChargeRecord]
     retired: list[ChargeRecord]
+    accounting: NotRequired[str]  # "zcdp" (absent: pure epsilon-DP)
+    rho_total: NotRequired[float]  # zCDP: what one user can lose, in rho
+    total_rho: NotRequired[float]
+    delta: NotRequired[float]  # the delta of per_user_total's and total_epsilon's epsilon
     identities: dict[str, RunIdentity]
     new_runs: list[str]
     sources: list[str]
@@ -395,6 +412,11 @@ def fields_of(parts: tuple[type, ...]) -> list[tuple[str, Any, bool]]:
         for part in parts
         for name, hint in get_type_hints(part, include_extras=True).items()
     ]
+
+
+def accounting_and_noise(stat: StatisticConfig) -> tuple[str, str]:
+    """What ``stat``'s releases state as their ``accounting`` and ``noise``."""
+    return (ZCDP_ACCOUNTING, ZCDP_NOISE) if stat.zcdp else (ACCOUNTING, NOISE)
 
 
 def tree_field(tree: tuple[str, int]) -> TreeField:
@@ -441,13 +463,12 @@ class Records:
             "tick_end_unix": end,
             **fields,
             "confidence": CONFIDENCE,
-            "epsilon": stat.epsilon,
+            "epsilon": self.epsilon(name),
             "neighbours": self.neighbours(name),
             "mechanism": statistic.mechanism,
             "tree": None if statistic.tree is None else tree_field(statistic.tree),
             "interval_of": statistic.interval_of,
-            "accounting": ACCOUNTING,
-            "noise": NOISE,
+            **self.accounting(name),
         }
         if self.cfg.privacy.public_counts:
             record["public_counts"] = True  # the statement: counts are not protected
@@ -455,17 +476,38 @@ class Records:
             record["insecure"] = self.cfg.noise.mode.value
         return record
 
+    def epsilon(self, name: str) -> float:
+        """The epsilon a release and a start entry state: the configured one, or under
+        zCDP the epsilon the statistic's rho implies alone at the statement's delta."""
+        stat = next(s for s in self.cfg.statistics if s.name == name)
+        return stat.epsilon if stat.epsilon is not None else float(self.charges[name].epsilon)
+
+    def accounting(self, name: str) -> dict[str, Any]:
+        """A release's accounting and noise, and under zCDP its rho and delta."""
+        charge = self.charges[name]
+        if charge.rho is None:
+            return {"accounting": ACCOUNTING, "noise": NOISE}
+        return {
+            "accounting": ZCDP_ACCOUNTING,
+            "noise": ZCDP_NOISE,
+            "rho": float(charge.rho),
+            "delta": charge.delta,
+        }
+
     def ledger(self, name: str, tick: int, fields: Mapping[str, Any]) -> dict[str, Any]:
         """A ledger entry of a statistic after its first: the common fields around the
         entry's own (an expenditure, the budget spent)."""
-        return {
+        out = {
             "schema_version": LEDGER_SCHEMA_VERSION,
             "app_id": self.cfg.app_id,
             "statistic": name,
             "tick": tick,
             **fields,
-            "total_epsilon": self.cfg.privacy.total_epsilon,
+            "total_epsilon": self.cfg.privacy.stated_total_epsilon,
         }
+        if self.cfg.privacy.total_rho is not None:
+            out["total_rho"] = self.cfg.privacy.total_rho
+        return out
 
     def start(self, name: str, identity: Identity) -> dict[str, Any]:
         """The statistic's first ledger entry, at its first closed tick: what it charges
@@ -480,18 +522,23 @@ class Records:
             "statistic": name,
             "instance": 0,
             "tick": identity.start_tick,
-            "epsilon": stat.epsilon,
+            "epsilon": self.epsilon(name),
             "mechanism": statistic.mechanism,
             "tau": stat.tau,
             "neighbours": self.neighbours(name),
             "note": "whole infinite stream (parallel composition over periods)",
-            "total_epsilon": self.cfg.privacy.total_epsilon,
+            "total_epsilon": self.cfg.privacy.stated_total_epsilon,
             "charged": float(self.charges[name].epsilon),
+            **self._rho_charged(name),
             "fingerprint": identity.fingerprint,
             "run_id": identity.run_id,
             "start_tick": identity.start_tick,
         }
         return statistic.ledger_start(entry)
+
+    def _rho_charged(self, name: str) -> dict[str, Any]:
+        charge = self.charges[name]
+        return {} if charge.rho is None else {"rho": float(charge.rho), "delta": charge.delta}
 
     def exhausted(self, name: str, tick: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the release, the ledger entry) of a statistic whose lifetime budget is spent at

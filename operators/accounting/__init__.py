@@ -22,8 +22,10 @@ from .accountant import (
     changed_fields,
     charge_of,
     fingerprint,
+    implied_epsilon,
     lifetime_steps,
     sensitivity_multiplier,
+    sqrt_counter,
     statement,
 )
 
@@ -39,8 +41,10 @@ __all__ = [
     "changed_fields",
     "charge_of",
     "fingerprint",
+    "implied_epsilon",
     "lifetime_steps",
     "sensitivity_multiplier",
+    "sqrt_counter",
     "statement",
     "zcdp",
 ]

@@ -34,6 +34,19 @@ charged its epoch cap B: disjoint cells compose in parallel within an accounting
 (arXiv:2401.15906, Thm II.3), so with a per-cell mean the pipeline's total is per epoch.
 A strict per-cell mean under ``any_subset`` is charged 2B (:func:`charge_of` says why).
 
+**zCDP.** A pipeline with ``privacy.accounting: zcdp`` is accounted in rho-zCDP instead
+(Bun-Steinke 2016 Def. 1.1): its statistics are fixed-tau counts and sums on the
+square-root factorization counter (``trees.sqrt_factorization``), each charged its rho
+over the whole infinite stream, calibrated to the user-level sensitivity Delta_1 ||c||_2
+(Delta_1 = tau times the value bound, doubled under any_subset; ||c||_2 the encoder's
+largest column norm); the rhos add up (Bun-Steinke Lemma 1.7, adaptively too) against
+``total_rho``. The statement also states the (epsilon, delta)-DP the total implies at the
+pipeline's delta by Canonne-Kamath-Steinke 2020 Cor. 13 (``zcdp.epsilon_cks``; Bun-Steinke
+Prop. 1.3 gives a larger epsilon): ``total_epsilon`` and ``per_user_total`` are those
+epsilons there, so what reads a statement in epsilon reads a valid (epsilon, delta) bound.
+A pure epsilon-DP charge a zCDP statement inherits (retired) counts epsilon^2 / 2
+(Bun-Steinke Prop. 1.4); a pure statement cannot cover a zCDP charge, which it refuses.
+
 **Identity.** A statistic's noise is bound to :func:`fingerprint` of every parameter that
 shapes its noise or sensitivity; a statistic whose fingerprint changed is a new statistic,
 and what the old one spent stays spent (``retired`` charges).
@@ -41,7 +54,9 @@ and what the old one spent stays spent (``retired`` charges).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -51,7 +66,8 @@ import orjson
 
 from ..errors import DpStreamError
 from ..means import whole_user_mean
-from ..trees import expiring_tree
+from ..trees import expiring_tree, sqrt_factorization
+from . import zcdp
 
 WHOLE_USER = "whole_user"
 ANY_SUBSET = "any_subset"
@@ -88,6 +104,11 @@ class StatisticTerms:
             algorithm (the pipeline's ``privacy.public_counts``) instead of the
             whole-user mean.
         max_samples, resolution: the whole-user mean's m and R (its sensitivities).
+        rho: its zCDP budget under ``privacy.accounting: zcdp`` (None: pure, charged
+            ``epsilon``); then ``mechanism`` is ``sqrt_factorization`` and
+            ``horizon_ticks`` its design horizon (None: the module's default).
+        sensitivity: a fixed-tau count's or sum's bound on one user's leaves,
+            sum_t |x_t| (tau times the value bound), before the relation's multiplier.
     """
 
     name: str
@@ -102,6 +123,8 @@ class StatisticTerms:
     counts_public: bool = False
     max_samples: int | None = None
     resolution: int | None = None
+    rho: Fraction | None = None
+    sensitivity: int = 1
 
 
 @dataclass(frozen=True)
@@ -118,6 +141,9 @@ class Charge:
         basis: how the charge comes about, in words.
         run_id: which run of the statistic it charges (None: its current one). A
             statistic started anew (its state lost, a changed key) is charged once per run.
+        rho: under zCDP accounting, its rho; ``epsilon`` is then the epsilon of the
+            (epsilon, delta)-DP it implies alone at ``delta`` (Canonne-Kamath-Steinke).
+        delta: that delta (None: a pure charge).
     """
 
     statistic: str
@@ -127,6 +153,8 @@ class Charge:
     exact_counts: bool
     basis: str
     run_id: str | None = None
+    rho: Fraction | None = None
+    delta: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -139,7 +167,16 @@ class Charge:
         }
         if self.run_id is not None:
             out["run_id"] = self.run_id
+        if self.rho is not None:
+            out["rho"] = float(self.rho)
+            out["delta"] = self.delta
         return out
+
+    @property
+    def as_rho(self) -> Fraction:
+        """The charge in zCDP: its rho, or a pure charge's epsilon^2 / 2 (epsilon-DP
+        implies epsilon^2 / 2-zCDP, Bun-Steinke Prop. 1.4)."""
+        return self.rho if self.rho is not None else self.epsilon * self.epsilon / 2
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Charge:
@@ -152,6 +189,8 @@ class Charge:
             exact_counts=obj["exact_counts"],
             basis=obj["basis"],
             run_id=obj.get("run_id"),
+            rho=None if obj.get("rho") is None else Fraction(repr(obj["rho"])),
+            delta=obj.get("delta"),
         )
 
 
@@ -166,6 +205,9 @@ class PrivacyStatement:
         charges: one per configured statistic, in config order.
         retired: statistics that ran under this app id before and are no longer
             configured (or changed, so are new statistics now): what they spent stays spent.
+        total_rho: under zCDP accounting, the declared bound in rho; ``total_epsilon`` is
+            then the epsilon it implies at ``delta`` (module docstring).
+        delta: the delta of a zCDP statement's (epsilon, delta) (None: pure).
     """
 
     app_id: str
@@ -173,6 +215,19 @@ class PrivacyStatement:
     total_epsilon: Fraction
     charges: tuple[Charge, ...]
     retired: tuple[Charge, ...] = field(default=())
+    total_rho: Fraction | None = None
+    delta: float | None = None
+
+    @property
+    def zcdp(self) -> bool:
+        """Accounted in rho-zCDP (``privacy.accounting: zcdp``)."""
+        return self.total_rho is not None
+
+    @property
+    def rho_total(self) -> Fraction:
+        """zCDP composition over every statistic, retired ones included: the rhos add up
+        (Bun-Steinke Lemma 1.7), a retired pure charge as epsilon^2 / 2."""
+        return sum((c.as_rho for c in (*self.charges, *self.retired)), Fraction(0))
 
     @property
     def per_epoch(self) -> bool:
@@ -181,24 +236,36 @@ class PrivacyStatement:
 
     @property
     def per_user_total(self) -> Fraction:
-        """Basic composition over every statistic, retired ones included."""
+        """Basic composition over every statistic, retired ones included; under zCDP the
+        epsilon that ``rho_total`` implies at ``delta`` (Canonne-Kamath-Steinke)."""
+        if self.delta is not None:
+            return implied_epsilon(self.rho_total, self.delta)
         return sum((c.epsilon for c in (*self.charges, *self.retired)), Fraction(0))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        composition = "basic" + (" (cells: disjoint, per epoch)" if self.per_epoch else "")
+        out = {
             "app_id": self.app_id,
             "relation": self.relation,
             "public_counts": self.relation == PUBLIC_COUNTS,
-            "composition": "basic" + (" (cells: disjoint, per epoch)" if self.per_epoch else ""),
+            "composition": "zcdp (rhos add up)" if self.zcdp else composition,
             "per_user_total": float(self.per_user_total),
             "per_epoch": self.per_epoch,
             "total_epsilon": float(self.total_epsilon),
             "statistics": [c.to_json() for c in self.charges],
             "retired": [c.to_json() for c in self.retired],
         }
+        if self.total_rho is not None:
+            out["accounting"] = "zcdp"
+            out["rho_total"] = float(self.rho_total)
+            out["total_rho"] = float(self.total_rho)
+            out["delta"] = self.delta
+        return out
 
     def describe(self) -> list[str]:
         """The statement in words, one line each (check-config prints them)."""
+        if self.total_rho is not None:
+            return self._describe_zcdp(self.total_rho)
         lines = [f"privacy statement ({self.relation} neighbours):"]
         if self.relation == PUBLIC_COUNTS:
             lines.append(
@@ -218,6 +285,35 @@ class PrivacyStatement:
         )
         return lines
 
+    def _describe_zcdp(self, total_rho: Fraction) -> list[str]:
+        lines = [f"privacy statement ({self.relation} neighbours, rho-zCDP):"]
+        for c in self.charges:
+            lines.append(
+                f"  {c.statistic}: rho={float(c.as_rho):g}, alone ({float(c.epsilon):.4g}, "
+                f"{c.delta:g})-DP ({c.relation}; {c.basis})"
+            )
+        for c in self.retired:
+            run = "" if c.run_id is None else f", run {c.run_id}"
+            lines.append(f"  {c.statistic} (retired{run}, spent): rho={float(c.as_rho):g}")
+        assert self.delta is not None
+        rho = self.rho_total
+        lines += [
+            f"  one user can lose at most rho={float(rho):g} over the whole stream (zCDP: "
+            f"rhos add up, Bun-Steinke 2016 Lemma 1.7) of total_rho={float(total_rho):g}",
+            f"  which implies ({float(self.per_user_total):.4g}, {self.delta:g})-DP at "
+            f"delta={self.delta:g} (Canonne-Kamath-Steinke 2020 Cor. 13; Bun-Steinke 2016 "
+            f"Prop. 1.3 gives epsilon {zcdp.epsilon_bun_steinke(rho, self.delta):.4g}); "
+            f"total_rho implies ({float(self.total_epsilon):.4g}, {self.delta:g})-DP",
+        ]
+        return lines
+
+
+@functools.lru_cache(maxsize=256)
+def implied_epsilon(rho: Fraction, delta: float) -> Fraction:
+    """The epsilon of the (epsilon, delta)-DP that rho-zCDP implies (Canonne-Kamath-
+    Steinke 2020 Cor. 13, ``zcdp.epsilon_cks``: rounded up), as the decimal it prints as."""
+    return Fraction(repr(zcdp.epsilon_cks(rho, delta)))
+
 
 def sensitivity_multiplier(relation: str) -> int:
     """How much more than under whole-user neighbours one user can move a truncated sum:
@@ -225,7 +321,7 @@ def sensitivity_multiplier(relation: str) -> int:
     return 2 if relation == ANY_SUBSET else 1
 
 
-def charge_of(terms: StatisticTerms, relation: str) -> Charge:
+def charge_of(terms: StatisticTerms, relation: str, delta: float | None = None) -> Charge:
     """What one user can lose through the statistic ``terms`` under ``relation``.
 
     A tree counter: its epsilon over the whole stream (any_subset doubles its sensitivity,
@@ -262,6 +358,8 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
         (docs/papers.md: Rameshwar et al.); the epoch cap, the strict mode and the 2B
         bound are ours (docs/design.md section 13).
     """
+    if terms.rho is not None:
+        return _zcdp_charge(terms, relation, zcdp_delta(delta))
     if terms.form == "continual_mean":
         return Charge(
             terms.name,
@@ -315,6 +413,42 @@ def charge_of(terms: StatisticTerms, relation: str) -> Charge:
     )
 
 
+def zcdp_delta(delta: float | None) -> float:
+    """The delta a zCDP charge states its (epsilon, delta) at (a statement always gives
+    one; config's DEFAULT_DELTA)."""
+    if delta is None:
+        raise StatementError("privacy.delta", "a zCDP statement needs the delta it states")
+    return delta
+
+
+def sqrt_counter(terms: StatisticTerms, relation: str) -> sqrt_factorization.SqrtFactorizationSpec:
+    """The square-root factorization counter of a zCDP statistic, as stage 2 builds it
+    (the same rho, leaf sensitivity and design horizon; noise prefix aside)."""
+    assert terms.rho is not None
+    horizon = terms.horizon_ticks or sqrt_factorization.DEFAULT_HORIZON
+    d1 = sensitivity_multiplier(relation) * terms.sensitivity
+    return sqrt_factorization.make_sqrt_factorization(terms.rho, d1, (terms.name, 0), horizon)
+
+
+def _zcdp_charge(terms: StatisticTerms, relation: str, delta: float) -> Charge:
+    """A square-root factorization counter's charge: its rho over the whole infinite
+    stream; sigma^2 is calibrated so that (Delta_1 ||c||_2)^2 / (2 sigma^2), plus the
+    fixed point's and the lattice's slack, is at most rho (``make_sqrt_factorization``)."""
+    assert terms.rho is not None
+    spec = sqrt_counter(terms, relation)
+    d1 = spec.sensitivity
+    norm = math.sqrt(sqrt_factorization.column_norm_squared(spec))
+    basis = (
+        f"square-root factorization counter, discrete Gaussian sigma^2={float(spec.sigma2):.6g}"
+        f", user-level L2 sensitivity Delta_1 ||c||_2 = {d1} x {norm:.4f} (Delta_1: the "
+        "most one user's kept units move the leaves, tau or tau times a grid sum's bound"
+        f"{', doubled under any_subset' if relation == ANY_SUBSET else ''}), whole infinite "
+        "stream"
+    )
+    epsilon = implied_epsilon(terms.rho, delta)
+    return Charge(terms.name, relation, epsilon, False, False, basis, rho=terms.rho, delta=delta)
+
+
 def lifetime_steps(terms: StatisticTerms) -> int | None:
     """How many steps a statistic may release under its charge: an expiring counter is
     charged epsilon g(d) at the declared horizon d (:func:`charge_of`), and a release at a
@@ -331,8 +465,10 @@ def statement(
     statistics: Sequence[StatisticTerms],
     relation: str,
     public_counts: bool,
-    total_epsilon: Fraction,
+    total_epsilon: Fraction | None,
     retired: Sequence[Charge] = (),
+    total_rho: Fraction | None = None,
+    delta: float | None = None,
 ) -> PrivacyStatement:
     """The pipeline's privacy statement, or a StatementError naming the field at fault.
 
@@ -342,13 +478,30 @@ def statement(
         relation: ``privacy.neighbours``: whole_user or any_subset.
         public_counts: ``privacy.public_counts``: the pipeline holds public-counts
             statistics only, and every release says so.
-        total_epsilon: ``privacy.total_epsilon``.
+        total_epsilon: ``privacy.total_epsilon`` (None under zCDP accounting).
         retired: charges of statistics this app id ran before and no longer runs.
+        total_rho: ``privacy.total_rho``: the statement is in zCDP (None: pure).
+        delta: under zCDP, the delta its (epsilon, delta) is stated at.
 
     Raises:
         StatementError: a public-counts statistic without ``public_counts``, a whole-user
-            one with it, any_subset with it, or a total above ``total_epsilon``.
+            one with it, any_subset with it, a total above ``total_epsilon`` (or
+            ``total_rho``), a pure statement over zCDP charges.
     """
+    if total_rho is not None:
+        return _zcdp_statement(
+            app_id, statistics, relation, public_counts, total_rho, zcdp_delta(delta), retired
+        )
+    if total_epsilon is None:
+        raise StatementError("privacy.total_epsilon", "required (total_rho under zcdp)")
+    in_rho = [t.name for t in statistics if t.rho is not None]
+    in_rho += [c.statistic for c in retired if c.rho is not None]
+    if in_rho:
+        raise StatementError(
+            "privacy.accounting",
+            f"{in_rho[0]!r} is charged in rho-zCDP, which a pure epsilon-DP statement "
+            "cannot cover (zCDP implies only (epsilon, delta)-DP)",
+        )
     if public_counts and relation != WHOLE_USER:
         raise StatementError(
             "privacy.neighbours",
@@ -385,6 +538,44 @@ def statement(
             "privacy.total_epsilon",
             f"statistics spend {float(out.per_user_total):g} in total ({spent}), more than "
             f"total_epsilon={float(total_epsilon):g}",
+        )
+    return out
+
+
+def _zcdp_statement(
+    app_id: str,
+    statistics: Sequence[StatisticTerms],
+    relation: str,
+    public_counts: bool,
+    total_rho: Fraction,
+    delta: float,
+    retired: Sequence[Charge],
+) -> PrivacyStatement:
+    """``statement`` under zCDP accounting: every statistic charged in rho, the rhos
+    composed against ``total_rho`` (module docstring)."""
+    if public_counts:
+        raise StatementError(
+            "privacy.public_counts", "public-counts statistics are pure-DP; not under zcdp"
+        )
+    for i, terms in enumerate(statistics):
+        if terms.rho is None:
+            raise StatementError(f"statistics[{i}].rho", "required with accounting: zcdp")
+    charges = tuple(charge_of(t, relation, delta) for t in statistics)
+    out = PrivacyStatement(
+        app_id,
+        relation,
+        implied_epsilon(total_rho, delta),
+        charges,
+        tuple(retired),
+        total_rho=total_rho,
+        delta=delta,
+    )
+    if out.rho_total > total_rho:
+        spent = ", ".join(f"{c.statistic} {float(c.as_rho):g}" for c in (*charges, *retired))
+        raise StatementError(
+            "privacy.total_rho",
+            f"statistics spend rho={float(out.rho_total):g} in total ({spent}), more than "
+            f"total_rho={float(total_rho):g}",
         )
     return out
 

@@ -37,6 +37,8 @@ from fractions import Fraction
 from ..errors import InvalidOperatorConfig
 from .discrete_laplace import RandBelow, _bernoulli_exp, sample_discrete_laplace
 
+VERSION = 1  # of the sampler: a statistic's identity names it (its draws are its noise)
+
 
 def check_gaussian(sigma2: Fraction, center: Fraction) -> tuple[Fraction, Fraction]:
     """Validate a discrete Gaussian's variance parameter and centre, as exact rationals.

@@ -93,6 +93,11 @@ from .. import _validate
 from ..noise import NodeId, NoiseSource, TreeRelease
 
 MECHANISM = "sqrt_factorization"
+VERSION = 1  # of the algorithm and its noise nodes: a change is a new statistic
+
+DEFAULT_HORIZON = 1 << 20
+"""The BLT's design horizon when a statistic gives no ``horizon_ticks`` (``sqrt_blt``):
+2^20 ticks, 12 days of one-second ticks, a year of 30-second ones."""
 
 FRACTION_BITS = 96
 """F: the buffers and the centre are integers in units of 2^-F."""
@@ -302,10 +307,15 @@ def step(
     release = TreeRelease(
         t=t,
         value=new_state.total + drawn,
-        std=math.sqrt(variance(spec, t)),
+        std=std(spec, t),
         ci95=half_width(spec, t),
     )
     return new_state, release
+
+
+def std(spec: SqrtFactorizationSpec, t: int) -> float:
+    """The exact standard deviation of the release at step t (``variance``)."""
+    return math.sqrt(variance(spec, t))
 
 
 def exact_value(state: SqrtFactorizationState) -> int:

@@ -191,8 +191,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"end), noise {cfg.noise.mode.value}"
     )
     for s in cfg.statistics:
-        # An unnamed mechanism: a new statistic's default; one the ledger ran keeps its tree.
-        new_tree = s.mechanism is None and default_tree(s)[0] != "binary"
+        # An unnamed mechanism: a new statistic's default; one the ledger ran keeps its tree
+        # (under zcdp there is one counter: nothing to keep).
+        new_tree = s.mechanism is None and not s.zcdp and default_tree(s)[0] != "binary"
         default = " (default for a new statistic; one that ran keeps its tree)" if new_tree else ""
         print(f"  {s.name}: {describe(s, cfg)}{default} -> {cfg.release_topic(s.name)}")
         print(f"    {_reads(s, cfg)}")

@@ -83,6 +83,11 @@ def plain_words(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, str]:
     known = WHAT_IT_COUNTS.get(stat.kind)
     title, unit = known or (registry.describe(stat, cfg), "")
     title, unit = title.format_map(_Missing(words)), unit.format_map(_Missing(words))
+    budget = (
+        f"epsilon = {stat.epsilon:g}"
+        if stat.rho is None
+        else f"rho = {stat.rho:g} (zero-concentrated DP)"
+    )
     tau = (
         "each user's contribution bound (tau) is tracked privately"
         if stat.tau == "auto"
@@ -91,7 +96,7 @@ def plain_words(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, str]:
     return {
         "title": title,
         "unit": unit,
-        "privacy": f"epsilon = {stat.epsilon:g} for this statistic (smaller is more private: "
+        "privacy": f"{budget} for this statistic (smaller is more private: "
         f"how much one user's data can change what is published); {tau}",
         "config": registry.describe(stat, cfg),
     }
@@ -154,8 +159,13 @@ class DashboardState:
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.lock = threading.Lock()
+        # Each statistic's epsilon as the statement charges it (under zCDP: the epsilon
+        # its rho implies at the pipeline's delta).
+        self.statement = cfg.privacy_statement()
+        charged = {c.statistic: float(c.epsilon) for c in self.statement.charges}
         self.views = {
-            s.name: StatisticView(s.name, plain_words(s, cfg), s.epsilon) for s in cfg.statistics
+            s.name: StatisticView(s.name, plain_words(s, cfg), charged[s.name])
+            for s in cfg.statistics
         }
         self.per_user_total: float | None = None
         self.dead_total = 0
@@ -195,7 +205,7 @@ class DashboardState:
         with self.lock:
             return {
                 "app_id": self.cfg.app_id,
-                "total_epsilon": self.cfg.privacy.total_epsilon,
+                "total_epsilon": float(self.statement.total_epsilon),
                 "per_user_total": self.per_user_total,
                 "tick_seconds": self.cfg.ticks.interval_seconds,
                 "band": BAND,

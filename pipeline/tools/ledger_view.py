@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.operators.accounting import Charge
 from dpstream.statistics.registry import with_mechanisms
 
 from ..kafka.security import check_connection
@@ -96,10 +97,18 @@ def ledger_report(cfg: PipelineConfig, bootstrap: str, key: PipelineKey) -> list
     latest = history.statements[-1]
     total, spent = float(latest["total_epsilon"]), float(latest["per_user_total"])
     unit = " per accounting epoch" if latest.get("per_epoch") else ""
-    lines.append(
-        f"left: {total - spent:g}{unit} of total_epsilon={total:g} (spent {spent:g}, "
-        "retired runs included: what a statistic spent stays spent)"
-    )
+    if "total_rho" in latest:  # zCDP: the budget is rho; the epsilon is at its delta
+        rho, spent_rho = float(latest["total_rho"]), float(latest["rho_total"])
+        lines.append(
+            f"left: rho {rho - spent_rho:g} of total_rho={rho:g} (spent rho {spent_rho:g}, "
+            f"({spent:.4g}, {latest['delta']:g})-DP; retired runs included: what a "
+            "statistic spent stays spent)"
+        )
+    else:
+        lines.append(
+            f"left: {total - spent:g}{unit} of total_epsilon={total:g} (spent {spent:g}, "
+            "retired runs included: what a statistic spent stays spent)"
+        )
     try:
         chosen = plan(cfg, history, key)
     except ConfigError as exc:
@@ -109,7 +118,7 @@ def ledger_report(cfg: PipelineConfig, bootstrap: str, key: PipelineKey) -> list
 
 def _statement_line(entry: Mapping[str, Any], stamp_ms: int) -> str:
     when = "time unknown" if stamp_ms < 0 else _utc(stamp_ms)
-    charges = ", ".join(f"{c['statistic']} {float(c['epsilon']):g}" for c in entry["statistics"])
+    charges = ", ".join(f"{c['statistic']} {_amount(c)}" for c in entry["statistics"])
     retired = sum(float(c["epsilon"]) for c in entry.get("retired", []))
     extra = f", retired runs {retired:g}" if retired else ""
     anew = f"; begun anew: {', '.join(entry['new_runs'])}" if entry.get("new_runs") else ""
@@ -119,12 +128,24 @@ def _statement_line(entry: Mapping[str, Any], stamp_ms: int) -> str:
     )
 
 
+def _amount(charge: Mapping[str, Any]) -> str:
+    """A statement's charge: its epsilon, or under zCDP its rho."""
+    if charge.get("rho") is not None:
+        return f"rho {float(charge['rho']):g}"
+    return f"{float(charge['epsilon']):g}"
+
+
 def _spent_lines(history: History) -> list[str]:
     runs, retired, _ = runs_of(history.statements)
-    lines = ["spent, by statistic (each run charged once):"]
+    zcdp = "total_rho" in history.statements[-1]
+    lines = ["spent, by statistic (each run charged once" + (", in rho):" if zcdp else "):")]
+
+    def spent(charge: Charge) -> float:  # zCDP adds rhos (a pure run as epsilon^2 / 2)
+        return float(charge.as_rho if zcdp else charge.epsilon)
+
     for name, run in sorted(runs.items()):
-        current = 0.0 if run.charge is None else float(run.charge.epsilon)
-        earlier = {rid: float(c.epsilon) for (n, rid), c in retired.items() if n == name}
+        current = 0.0 if run.charge is None else spent(run.charge)
+        earlier = {rid: spent(c) for (n, rid), c in retired.items() if n == name}
         start = history.starts.get((name, run.run_id))
         since = "not released yet" if start is None else f"released from tick {start}"
         listed = ", ".join(f"{rid} {eps:g}" for rid, eps in sorted(earlier.items()))
@@ -135,7 +156,7 @@ def _spent_lines(history: History) -> list[str]:
         )
     for (name, run_id), charge in sorted(retired.items()):
         if name not in runs:
-            lines.append(f"  {name} (retired, run {run_id}): {float(charge.epsilon):g}")
+            lines.append(f"  {name} (retired, run {run_id}): {spent(charge):g}")
     return lines
 
 

@@ -74,3 +74,36 @@ def test_every_dead_letter_is_valid(records):
     assert len(dead) >= TICKS * len(record_kinds.BAD_RECORDS)
     for letter in dead:
         assert record_kinds.variant(schemas.DEAD_LETTER, letter) == "DeadLetterRecord"
+
+
+def test_a_zcdp_pipeline_s_records_are_valid():
+    # privacy.accounting: zcdp: releases with rho and delta, a statement and start entries
+    # with the rho fields, each valid under the current schemas.
+    cfg = parse_config(
+        {
+            "noise": {"mode": "keyed"},
+            "privacy": {"accounting": "zcdp", "total_rho": 1.0, "delta": 1e-8},
+            "statistics": [
+                {"name": "views", "rho": 0.5, "tau": 3},
+                {"name": "spend", "kind": "sum", "rho": 0.25, "tau": 4, "max_value": 9},
+                {"name": "basket", "kind": "sum", "rho": 0.25, "tau": 2, "upper": 50.0,
+                 "resolution": 100},
+            ],
+        }
+    )  # fmt: skip
+    lines = []
+    for tick in range(1, TICKS + 1):
+        lines += [orjson.dumps({"user_id": f"u{i % 5}", "value": i % 9 + 1}) for i in range(6)]
+        lines.append(orjson.dumps({"tick": tick}))
+    ledger: list[dict] = []
+    releases = list(replay(cfg, lines, KEY.noise, ledger=ledger))
+    assert len(releases) == 3 * TICKS
+    for release in releases:
+        assert record_kinds.variant(schemas.RELEASE, release) == "Counter"
+        assert release["accounting"] == "zcdp" and release["delta"] == 1e-8
+    statement = statement_entry(cfg, plan(cfg, History(), KEY), KEY)
+    assert statement["accounting"] == "zcdp" and statement["rho_total"] == 1.0
+    entries = [statement, *(signed(entry, cfg, KEY) for entry in ledger)]
+    variants = [record_kinds.variant(schemas.LEDGER, e) for e in entries]
+    assert variants == ["StatementEntry"] + ["StartEntry"] * 3
+    assert {e["rho"] for e in entries[1:]} == {0.5, 0.25}

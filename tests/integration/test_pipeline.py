@@ -105,7 +105,7 @@ def test_zero_noise_releases_equal_the_truncated_true_count(zero_noise_run):
             low, high = rel["interval"]
             assert low < rel["value"] < high or low == rel["value"] == 0 < high
             assert rel["value"] == rel["unbiased"] and rel["interval_of"] == "truncated"
-            assert rel["std"] > 0 and rel["schema_version"] == 4
+            assert rel["std"] > 0 and rel["schema_version"] == 5
             assert rel["epsilon"] == next(s.epsilon for s in cfg.statistics if s.name == name)
         # Truncation did bite: heavy users sent more than tau.
         true_total = sum(1 for x in zero_noise_run["log"] if b'"user_id"' in x)

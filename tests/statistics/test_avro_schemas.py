@@ -125,3 +125,26 @@ def test_every_release_reads_back_from_avro_as_it_was(public_counts):
     if not public_counts:
         expected.add("ExhaustedRelease")
     assert read_shapes == expected
+
+
+def test_a_zcdp_release_reads_back_from_avro_as_it_was():
+    # rho and delta are optional fields of the header: present under zcdp.
+    cfg = parse_config(
+        {
+            "noise": {"mode": "keyed"},
+            "privacy": {"accounting": "zcdp", "total_rho": 1.0},
+            "statistics": [{"name": "views", "rho": 1.0, "tau": 3}],
+        }
+    )
+    lines = [orjson.dumps({"user_id": f"u{i}"}) for i in range(4)] + [b'{"tick": 1}']
+    (release,) = replay(cfg, lines, KEY.noise)
+    client = SchemaRegistryClient.new_client({"url": "mock://avro-zcdp"})
+    fields = registry.release_fields(cfg.statistics[0], cfg)
+    serializer = AvroSerializer(client, json.dumps(avro_schemas.topic_schema(fields)))
+    context = SerializationContext("dp.views", MessageField.VALUE)
+    decoded = AvroDeserializer(client, return_record_name=True)(
+        serializer(release, context), context
+    )
+    back = avro_schemas.from_avro(decoded)
+    assert back == release and back["rho"] == 1.0 and back["delta"] == 1e-6
+    assert list(back) == list(release)

@@ -105,7 +105,7 @@ def test_zero_noise_releases_both_sums_exactly():
         assert release["samples"] == c == count["value"]  # the same kept events
         # value = lower + (upper - lower) S / (R C): the same rational, rounded once.
         assert release["value"] == (float(Fraction(s, c) * 100 / R) if c else None)
-        assert release["schema_version"] == SCHEMA_VERSION == 4
+        assert release["schema_version"] == SCHEMA_VERSION == 5
         assert release["mechanism"] == "whole_user_mean" and release["insecure"]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from dpstream.operators import accounting as acc
 from dpstream.operators.accounting import StatementError, StatisticTerms
+from dpstream.operators.trees import sqrt_factorization
 
 ONE = Fraction(1)
 
@@ -221,3 +222,79 @@ def test_the_review_reproduction_composes_a_count_and_a_whole_user_mean():
     out = acc.statement("p", three, "any_subset", False, Fraction(11, 2))
     assert out.per_user_total == Fraction(11, 2) and out.per_epoch
     assert [c.relation for c in out.charges] == ["any_subset"] * 3
+
+
+# ---------------------------------------------------------------------------------------
+# zCDP accounting
+
+
+def gaussian_count(name: str, rho: Fraction, tau: int = 4) -> StatisticTerms:
+    """A fixed-tau count under privacy.accounting: zcdp (config's terms)."""
+    return StatisticTerms(
+        name, "count", Fraction(0), mechanism="sqrt_factorization", rho=rho, sensitivity=tau
+    )
+
+
+def test_a_zcdp_count_is_charged_its_rho_at_its_user_level_sensitivity():
+    rho = Fraction(1, 8)
+    charge = acc.charge_of(gaussian_count("views", rho), "whole_user", 1e-6)
+    assert charge.rho == rho and charge.delta == 1e-6
+    assert float(charge.epsilon) == pytest.approx(acc.zcdp.epsilon_cks(rho, 1e-6), rel=1e-12)
+    # By hand: Delta = tau ||c||_2, ||c||_2^2 = 1 + sum_{i,k} w_i w_k / (1 - t_i t_k) of
+    # the BLT; sigma^2 = Delta^2 / (2 rho) up to the fixed point's and the lattice's slack
+    # (below 1e-9 relative) and the rounding up to 2^-32.
+    spec = acc.sqrt_counter(gaussian_count("views", rho), "whole_user")
+    decay, weight = sqrt_factorization.sqrt_blt(sqrt_factorization.DEFAULT_HORIZON)
+    norm2 = 1 + sum(
+        wi * wk / (1 - ti * tk)
+        for ti, wi in zip(decay, weight, strict=True)
+        for tk, wk in zip(decay, weight, strict=True)
+    )
+    assert spec.sensitivity == 4
+    assert float(spec.sigma2) == pytest.approx(float(16 * norm2 / (2 * rho)), rel=1e-9)
+    assert sqrt_factorization.rho_spent(spec) <= rho
+    assert f"= 4 x {float(norm2) ** 0.5:.4f}" in charge.basis
+    # Under any_subset the leaves' sensitivity doubles, the charge does not.
+    doubled = acc.sqrt_counter(gaussian_count("views", rho), "any_subset")
+    assert doubled.sensitivity == 8 and doubled.sigma2 > 3.9 * spec.sigma2
+    assert acc.charge_of(gaussian_count("views", rho), "any_subset", 1e-6).rho == rho
+
+
+def test_zcdp_composition_adds_rhos_and_states_the_epsilon_at_delta():
+    stats = [gaussian_count("a", Fraction(1, 8)), gaussian_count("b", Fraction(1, 4))]
+    out = acc.statement("z", stats, "whole_user", False, None, total_rho=Fraction(1, 2), delta=1e-6)
+    assert out.rho_total == Fraction(3, 8)
+    assert float(out.per_user_total) == pytest.approx(acc.zcdp.epsilon_cks(0.375, 1e-6))
+    assert float(out.total_epsilon) == pytest.approx(acc.zcdp.epsilon_cks(0.5, 1e-6))
+    as_json = out.to_json()
+    assert as_json["accounting"] == "zcdp" and as_json["rho_total"] == 0.375
+    assert as_json["total_rho"] == 0.5 and as_json["delta"] == 1e-6
+    assert [c["rho"] for c in as_json["statistics"]] == [0.125, 0.25]
+    assert acc.Charge.from_json(as_json["statistics"][1]) == out.charges[1]
+    # Exactly at the total is allowed; a hair above is refused, naming the field.
+    acc.statement("z", stats, "whole_user", False, None, total_rho=Fraction(3, 8), delta=1e-6)
+    with pytest.raises(StatementError, match=r"^privacy.total_rho: statistics spend rho=0.375"):
+        acc.statement(
+            "z", stats, "whole_user", False, None, total_rho=Fraction(37, 100), delta=1e-6
+        )
+
+
+def test_a_retired_pure_charge_counts_epsilon_squared_over_two_under_zcdp():
+    old = acc.charge_of(count("events_v1", Fraction(1, 2)), "whole_user")
+    out = acc.statement(
+        "z",
+        [gaussian_count("a", Fraction(1, 8))],
+        "whole_user",
+        False,
+        None,
+        retired=[old],
+        total_rho=Fraction(1),
+        delta=1e-6,
+    )
+    assert out.rho_total == Fraction(1, 8) + Fraction(1, 8)  # (1/2)^2 / 2: Bun-Steinke 1.4
+
+
+def test_a_pure_statement_cannot_cover_a_zcdp_charge():
+    zcdp_charge = acc.charge_of(gaussian_count("a", Fraction(1, 8)), "whole_user", 1e-6)
+    with pytest.raises(StatementError, match=r"^privacy.accounting: 'a' is charged in rho-zCDP"):
+        acc.statement("p", [count("b")], "whole_user", False, ONE * 3, retired=[zcdp_charge])

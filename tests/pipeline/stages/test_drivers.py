@@ -10,7 +10,7 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
 from dpstream.config.schema import parse_config
-from dpstream.operators.noise import ZeroNoise
+from dpstream.operators.noise import KeyedNoise, ZeroNoise
 from dpstream.pipeline.stages.drivers import InputRecord, Stage1Driver, Stage1Outcome, Stage2Driver
 from dpstream.pipeline.stages.stage1_state import new_partition_state
 from dpstream.pipeline.stages.stage2 import Stage2
@@ -226,21 +226,32 @@ def _stage2_releases(
     return out
 
 
-def test_stage2_releases_the_same_whatever_its_consumer_skips():
+PURE_ZERO = {
+    "noise": {"mode": "insecure_zero"},
+    "privacy": {"total_epsilon": 1.0},
+    "statistics": [{"name": "events", "epsilon": 1.0, "tau": 2}],
+}
+# The zCDP mode's counter with keyed noise: the worker (with holes) equals replay.
+ZCDP_KEYED = {
+    "noise": {"mode": "keyed", "key_env": "K"},
+    "privacy": {"accounting": "zcdp", "total_rho": 0.5},
+    "statistics": [{"name": "events", "rho": 0.5, "tau": 2}],
+}
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "noise", "runs"),
+    [(PURE_ZERO, ZeroNoise(), 300), (ZCDP_KEYED, KeyedNoise(bytes(range(32))), 20)],
+    ids=["pure-zero", "zcdp-keyed"],
+)
+def test_stage2_releases_the_same_whatever_its_consumer_skips(pipeline, noise, runs):
     # Random interleavings of 3 partitions' reports (some covering caught-up ticks, some
     # re-sent from a restart on), delivered with random holes: every tick is released
-    # once, as without holes.
+    # once, as without holes (with keyed noise: the same noisy values, never re-drawn).
     rng = random.Random(11)
-    for _ in range(300):
+    for _ in range(runs):
         partitions = 3
-        cfg = parse_config(
-            {
-                "input": {"partitions": partitions},
-                "noise": {"mode": "insecure_zero"},
-                "privacy": {"total_epsilon": 1.0},
-                "statistics": [{"name": "events", "epsilon": 1.0, "tau": 2}],
-            }
-        )
+        cfg = parse_config({"input": {"partitions": partitions}, **pipeline})
         queues = []
         for p in range(partitions):
             reports, tick = [], 0
@@ -254,17 +265,14 @@ def test_stage2_releases_the_same_whatever_its_consumer_skips():
         while any(queues):
             log.append(rng.choice([q for q in queues if q]).pop(0))
         expected = _stage2_releases(
-            Stage2Driver(cfg, ZeroNoise(), partitions),
-            Stage2.new_state(),
-            log,
-            list(range(len(log))),
+            Stage2Driver(cfg, noise, partitions), Stage2.new_state(), log, list(range(len(log)))
         )
         # Faust's holes come at rebalances, once the partition was fetched: each stage-1
         # partition's first report arrives (before it, stage 2 cannot know one is missing).
         firsts = {next(i for i, r in enumerate(log) if r.partition == p) for p in range(partitions)}
         delivered = [i for i in range(len(log)) if i in firsts or rng.random() > 0.3]
         got = _stage2_releases(
-            Stage2Driver(cfg, ZeroNoise(), partitions), Stage2.new_state(), log, delivered
+            Stage2Driver(cfg, noise, partitions), Stage2.new_state(), log, delivered
         )
         # A hole at the end is read when the next report comes: a prefix of the releases.
         assert got == expected[: len(got)], (log, delivered)

@@ -282,3 +282,25 @@ def test_check_config_refuses_a_release_topic_that_is_the_events_topic(tmp_path)
         assert out.returncode == 2
         assert "statistics[0].name: the release topic" in out.stderr
         assert "'dpstream-events' is also dpstream's events topic (app_id)" in out.stderr
+
+
+def test_check_config_states_a_zcdp_pipeline_in_rho_and_epsilon_delta(tmp_path):
+    zcdp = {
+        **GOOD,
+        "privacy": {"accounting": "zcdp", "total_rho": 0.5, "delta": 1e-8},
+        "statistics": [{"name": "events", "rho": 0.5, "tau": 4}],
+    }
+    out = run("check-config", write(tmp_path, zcdp))
+    assert out.returncode == 0, out.stderr
+    assert "events: count via sqrt_factorization, rho=0.5, tau=4 -> dp.events" in out.stdout
+    assert "privacy statement (whole_user neighbours, rho-zCDP):" in out.stdout
+    assert "one user can lose at most rho=0.5 over the whole stream" in out.stdout
+    assert "-DP at delta=1e-08 (Canonne-Kamath-Steinke 2020 Cor. 13" in out.stdout
+    assert "events: sqrt_factorization, zcdp, noise discrete_gaussian" in out.stdout
+    # An epsilon under zcdp is refused, the field named.
+    zcdp["statistics"] = [{"name": "events", "epsilon": 1.0, "tau": 4}]
+    out = run("check-config", write(tmp_path, zcdp))
+    assert out.returncode == 2
+    assert "statistics[0] (events).epsilon: does not apply with privacy.accounting: zcdp" in (
+        out.stderr
+    )

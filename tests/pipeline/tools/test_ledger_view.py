@@ -69,3 +69,29 @@ def test_the_live_check_refuses_a_missing_key_before_asking_kafka(monkeypatch):
     monkeypatch.setattr(ledger_view, "check_connection", pytest.fail)
     with pytest.raises(ConfigError, match="noise.key_env: environment variable DPSTREAM_NO_SUCH"):
         ledger_view.live_check(keyed, "b:9092")
+
+
+def test_a_zcdp_ledger_reports_rho_spent_and_left(monkeypatch):
+    data = {
+        **DATA,
+        "privacy": {"accounting": "zcdp", "total_rho": 0.5},
+        "statistics": [
+            {"name": "views", "rho": 0.25, "tau": 4},
+            {"name": "clicks", "rho": 0.125, "tau": 2, "key": "click"},
+        ],
+    }
+    cfg = parse_config(data)
+    entry = statement_entry(cfg, plan(cfg, History(), KEY), KEY)
+    monkeypatch.setattr(ledger_view, "read_timed_records", lambda *a: [(0, NOON, entry)])
+    lines = ledger_view.ledger_report(cfg, "b:9092", KEY)
+    runs = {name: entry["identities"][name]["run_id"] for name in ("views", "clicks")}
+    spent = entry["per_user_total"]  # the epsilon rho = 0.375 implies at delta 10^-6
+    assert lines[2].startswith("  2026-11-18 12:00:00 UTC: views rho 0.25, clicks rho 0.125 ->")
+    assert lines[3:7] == [
+        "spent, by statistic (each run charged once, in rho):",
+        f"  clicks: 0.125 (run {runs['clicks']}: 0.125, not released yet)",
+        f"  views: 0.25 (run {runs['views']}: 0.25, not released yet)",
+        f"left: rho 0.125 of total_rho=0.5 (spent rho 0.375, ({spent:.4g}, 1e-06)-DP; retired "
+        "runs included: what a statistic spent stays spent)",
+    ]
+    assert "one user can lose at most rho=0.375" in "\n".join(lines[8:])

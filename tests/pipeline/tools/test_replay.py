@@ -38,11 +38,21 @@ def write(tmp_path, lines: list[bytes]) -> str:
     return str(path)
 
 
-def test_a_keyed_replay_of_the_pipeline_s_own_log_runs_under_its_runs(tmp_path):
-    cfg = parse_config(production())
+ZCDP = {"privacy": {"accounting": "zcdp", "total_rho": 0.5}}
+ZCDP_STATISTICS = [{"name": "events", "kind": "count", "rho": 0.5, "tau": 8}]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [production(), {**production(privacy=ZCDP["privacy"]), "statistics": ZCDP_STATISTICS}],
+    ids=["pure", "zcdp"],
+)
+def test_a_keyed_replay_of_the_pipeline_s_own_log_runs_under_its_runs(tmp_path, data):
+    cfg = parse_config(data)
     (line,) = replay_file(cfg, write(tmp_path, exported(EVENTS, KEY)), KEY)
     release = orjson.loads(line)
     assert release["tick"] == 100 and release["step"] == 1
+    assert release["accounting"] == ("zcdp" if cfg.statistics[0].zcdp else "pure_dp")
     # The header's run: the same release as a replay told the run explicitly.
     (direct,) = replay(cfg, EVENTS, KEY.noise, runs={"events": StatisticRun("r1", None)})
     assert release == direct

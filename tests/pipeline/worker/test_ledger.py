@@ -277,7 +277,7 @@ def test_the_statement_entry_carries_runs_sources_and_its_mac():
     chosen = plan(cfg, History(), KEY)
     entry = statement_entry(cfg, chosen, KEY)
     assert entry["event"] == "statement" and entry["app_id"] == "prod"
-    assert entry["schema_version"] == 4 and entry["key_commitment"] == KEY.commitment
+    assert entry["schema_version"] == 5 and entry["key_commitment"] == KEY.commitment
     assert entry["per_user_total"] == 1.0 and entry["relation"] == "whole_user"
     assert entry["sources"] == ["dpstream.events"] and entry["user_id_field"] == "user_id"
     identity = entry["identities"]["events"]
