@@ -71,15 +71,26 @@ def drive(
     return good
 
 
+def zcdp_config(noise: dict) -> dict:
+    """The counts of ``pipeline_config`` under ``privacy.accounting: zcdp``: the square-root
+    factorization counter with discrete Gaussian noise (the kinds zCDP runs)."""
+    data = pipeline_config(noise)
+    data["privacy"] = {"accounting": "zcdp", "total_rho": 2.0}
+    data["statistics"] = [
+        {"name": "views", "rho": 0.5, "tau": 5, "key": "view"},
+        {"name": "clicks", "rho": 0.5, "tau": 2, "key": "click", "horizon_ticks": 4096},
+    ]
+    return data
+
+
 def pipeline_equals_replay_with_the_same_key(
-    bootstrap: str, worker_factory, tmp_path: Path
+    bootstrap: str, worker_factory, tmp_path: Path, accounting: str = "pure"
 ) -> None:
     """Keyed noise: the releases equal ``dpstream replay`` of the exported log."""
     key = np.random.default_rng(5).bytes(32).hex()
-    worker = worker_factory(
-        pipeline_config({"mode": "keyed", "key_env": "DPSTREAM_TEST_KEY"}),
-        env={"DPSTREAM_TEST_KEY": key},
-    )
+    noise = {"mode": "keyed", "key_env": "DPSTREAM_TEST_KEY"}
+    data = zcdp_config(noise) if accounting == "zcdp" else pipeline_config(noise)
+    worker = worker_factory(data, env={"DPSTREAM_TEST_KEY": key})
     rd = readers(bootstrap, worker)
     try:
         wait_for_first_release(worker, rd["views"])
@@ -122,6 +133,10 @@ def pipeline_equals_replay_with_the_same_key(
         zero = truncated_counts(log_path.read_bytes().splitlines(), worker.cfg)[name]
         values = [orjson.loads(r) for r in released]
         assert sum(v["value"] != zero.get(v["tick"], 0) for v in values) > len(values) // 2
+        if accounting == "zcdp":
+            assert {(v["accounting"], v["noise"]) for v in values} == {
+                ("zcdp", "discrete_gaussian")
+            }
         assert all("insecure" not in v for v in values)
 
 

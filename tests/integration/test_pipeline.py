@@ -160,8 +160,10 @@ def test_ledger_records_each_statistic_once(zero_noise_run):
     assert "expiration" not in ledger["views"]
 
 
-def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path):
-    pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path)
+@pytest.mark.parametrize("accounting", ["pure", "zcdp"])
+def test_pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path, accounting):
+    """Pure: every tree mechanism; zcdp: the square-root factorization counter."""
+    pipeline_equals_replay_with_the_same_key(bootstrap, worker_factory, tmp_path, accounting)
 
 
 def test_tail_cli_prints_the_releases(zero_noise_run, bootstrap):
