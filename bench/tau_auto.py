@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -39,6 +39,7 @@ import numpy as np
 from dpstream.operators.noise import NodeId
 from dpstream.operators.trees import kary_tree
 from dpstream.operators.user_level import counter as ul
+from dpstream.pipeline.tools.synthetic import synthetic_events
 
 TICKS = 10_000
 EPSILON = Fraction(1)
@@ -65,6 +66,17 @@ class Workload:
     crossings: np.ndarray
     band_totals: np.ndarray
     largest: int
+
+    @property
+    def ticks(self) -> int:
+        """T, the horizon."""
+        return int(self.crossings.shape[0])
+
+    @property
+    def checkpoints(self) -> range:
+        """Every hundredth of the horizon, T included: where the RMSE over it is taken."""
+        step = max(1, self.ticks // 100)
+        return range(step, self.ticks + 1, step)
 
     @property
     def truth(self) -> np.ndarray:
@@ -123,12 +135,15 @@ def workloads(quick: bool = False) -> list[Workload]:
     """The measured workloads (``quick``: a tenth of the events, for a smoke run)."""
     scale = 10 if quick else 1
     out = [
-        stage1(f"Zipf {s}", zipf_users(s, 2_000, 200_000 // scale, seed=1))
-        for s in (1.1, 1.5, 2.0)
+        stage1(f"Zipf {s}", zipf_users(s, 2_000, 200_000 // scale, seed=1)) for s in (1.1, 1.5, 2.0)
     ]
-    # The demo's: pipeline.tools.synthetic (2,000 users, exponent 0.8, 50 events a tick).
-    out.append(stage1("demo (Zipf 0.8)", zipf_users(0.8, 2_000, 500_000 // scale, seed=0)))
+    # The demo's generator (2,000 users, Zipf exponent 0.8) at its 50 events a tick.
+    demo = synthetic_events(2_000, 500_000 // scale, seed=0)
+    out.append(stage1("demo (Zipf 0.8)", np.array([int(e["user_id"][5:]) for e in demo])))
     out.append(stage1("Table III Zipf / 50", table3_users(20_000, 1_000_000 // scale, seed=2)))
+    # Not skewed, not in issue 30's list: what a high tau_1 costs where every user is light.
+    light = np.random.default_rng(4).integers(0, 20_000, 100_000 // scale)
+    out.append(stage1("light: uniform, 5 a user", light))
     return out
 
 
@@ -153,7 +168,9 @@ class MemoNoise:
             self._drawn[key] = value
         return value
 
-    def discrete_gaussian(self, node: NodeId, sigma2: Fraction, center: Fraction = Fraction(0)) -> int:
+    def discrete_gaussian(
+        self, node: NodeId, sigma2: Fraction, center: Fraction = Fraction(0)
+    ) -> int:
         raise NotImplementedError("the tracker draws discrete Laplace noise only")
 
 
@@ -165,18 +182,14 @@ def variance_of(spec: ul.UserLevelSpec, t: int, instance: int, tau: int) -> floa
 
 
 def fixed_variance(tau: int, t: int, tree: tuple[kary_tree.ChosenTree, int]) -> float:
-    """Exact variance of a fixed-tau count at t (Alg. 3 on ``tree`` with all of epsilon)."""
-    spec = ul.make_user_level("fixed", EPSILON, BETA, tree=tree)
-    # Alg. 3 is one instance at the full epsilon: the k-ary counter with sensitivity tau.
-    name, k = tree
-    if tree == ul.BINARY:
-        name, k = "kary", 2
-    counter = kary_tree.make_kary_tree(EPSILON, tau, ("fixed",), k, subtract=name == "kary_subtract")
-    del spec
+    """Exact variance of a fixed-tau count at t: Alg. 3 on ``tree`` (the k-ary counter
+    with sensitivity tau; k = 2 without subtraction for the binary tree) with all of
+    epsilon."""
+    name, k = ("kary", 2) if tree == ul.BINARY else tree
+    counter = kary_tree.make_kary_tree(
+        EPSILON, tau, ("fixed",), k, subtract=name == "kary_subtract"
+    )
     return kary_tree.variance(counter, t)
-
-
-CHECKPOINTS = tuple(range(100, TICKS + 1, 100))
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ def fixed_results(w: Workload, tree: tuple[kary_tree.ChosenTree, int]) -> dict[i
     tau = 1
     while True:
         bias = truth - w.truncated(tau)
-        mse = [fixed_variance(tau, t, tree) + bias[t - 1] ** 2 for t in CHECKPOINTS]
+        mse = [fixed_variance(tau, t, tree) + bias[t - 1] ** 2 for t in w.checkpoints]
         out[tau] = Result(math.sqrt(mse[-1]), math.sqrt(float(np.mean(mse))))
         if tau >= w.largest:
             return out
@@ -205,17 +218,18 @@ def auto_result(w: Workload, spec: ul.UserLevelSpec, runs: int) -> tuple[Result,
     """tau: auto's RMSE (exact given the tracker's path, averaged over ``runs`` seeded
     paths) and tau~ at T in each run."""
     truth = w.truth
-    mse = np.zeros(len(CHECKPOINTS))
+    checkpoints = w.checkpoints
+    mse = np.zeros(len(checkpoints))
     final_taus = []
     cache: dict[tuple[int, int, int], float] = {}
     for run in range(runs):
         noise = MemoNoise(seed=1000 + run)
         bound = ul.BoundState()
         c = 0
-        for t in range(1, TICKS + 1):
+        for t in range(1, w.ticks + 1):
             row = w.crossings[t - 1]
             bound, _ = ul.advance_bound(spec, bound, [int(x) for x in row], noise)
-            if t == CHECKPOINTS[c]:
+            if t == checkpoints[c]:
                 key = (t, bound.instance, bound.tau)
                 if key not in cache:
                     cache[key] = variance_of(spec, t, bound.instance, bound.tau)
@@ -231,9 +245,6 @@ def auto_result(w: Workload, spec: ul.UserLevelSpec, runs: int) -> tuple[Result,
 # Variants of tau: auto and the report
 
 
-Variant = Callable[[], ul.UserLevelSpec]
-
-
 def spec_with(**options: Any) -> ul.UserLevelSpec:
     """A tau: auto count's spec at epsilon 1, beta 0.1 with ``options`` (the operator's)."""
     base: dict[str, Any] = {"practical": True, "tree": DEFAULT_TREE}
@@ -245,9 +256,7 @@ def report(ws: Sequence[Workload], variants: dict[str, dict[str, Any]], runs: in
     for w in ws:
         best = min(fixed[w.name], key=lambda tau: fixed[w.name][tau].last)
         best_h = min(fixed[w.name], key=lambda tau: fixed[w.name][tau].horizon)
-        print(
-            f"\n## {w.name}: largest contribution {w.largest}, true count {int(w.truth[-1]):,}"
-        )
+        print(f"\n## {w.name}: largest contribution {w.largest}, true count {int(w.truth[-1]):,}")
         print(
             "fixed tau (RMSE at T / over the horizon): "
             + ", ".join(
@@ -272,19 +281,32 @@ def report(ws: Sequence[Workload], variants: dict[str, dict[str, Any]], runs: in
             )
 
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "before (today's tau: auto)": {},
-    "binary instances": {"tree": ul.BINARY},
-    "tracker share 1/4": {"tracker_share": Fraction(1, 4)},
-    "tracker share 1/8": {"tracker_share": Fraction(1, 8)},
-    "instances telescoping": {"instance_series": "telescoping"},
-    "tracker telescoping": {"tracker_series": "telescoping"},
-    "growth x4": {"growth": 2},
-    "growth x8": {"growth": 3},
-    "discount x1/4": {"discount_scale": Fraction(1, 4)},
-    "discount x1/16": {"discount_scale": Fraction(1, 16)},
-    "start 256": {"start_exponent": 8},
+TELESCOPING = {"tracker_series": "telescoping", "instance_series": "telescoping"}
+AFTER: dict[str, Any] = {
+    "tracker_share": Fraction(1, 4),
+    **TELESCOPING,
+    "start_exponent": 8,
 }
+"""What a new statistic runs (``statistics.registry.new_tuning``), as operator options."""
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "before: Alg. 5 (share 1/2, DLY series, tau_1 64, x2)": {},
+    "  binary instances": {"tree": ul.BINARY},
+    "  tracker share 1/4": {"tracker_share": Fraction(1, 4)},
+    "  tracker share 1/8": {"tracker_share": Fraction(1, 8)},
+    "  telescoping series": TELESCOPING,
+    "  growth x4": {"growth": 2},
+    "  discount x1/4": {"discount_scale": Fraction(1, 4)},
+    "  tau_1 128": {"start_exponent": 7},
+    "  tau_1 256": {"start_exponent": 8},
+    "after: share 1/4, telescoping, tau_1 256": AFTER,
+    "  with binary instances": {**AFTER, "tree": ul.BINARY},
+    "  with share 1/2": {**AFTER, "tracker_share": Fraction(1, 2)},
+    "  with DLY series": {**AFTER, "tracker_series": "dly", "instance_series": "dly"},
+    "  with tau_1 64": {**AFTER, "start_exponent": 6},
+}
+"""tau: auto as it was, each change alone, as it is for a new statistic, and each of its
+changes undone alone (operator options of ``counter.make_user_level``)."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -183,8 +183,17 @@ def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> Sta
 TUNING_FIELDS = ("tracker_share", "series", "tau_start")
 """A tau: auto count's, sum's or histogram's tracker and series (docs/user-level.md 6)."""
 
-NEW_TUNING: dict[str, Any] = {"tracker_share": 0.25, "series": "telescoping", "tau_start": 256}
-"""What a NEW statistic that names none of ``TUNING_FIELDS`` runs (docs/user-level.md 6)."""
+NEW_TAU_START = 256
+"""tau_1 of a NEW statistic in practical mode (docs/user-level.md section 6)."""
+
+
+def new_tuning(stat: StatisticConfig) -> dict[str, Any]:
+    """What a NEW statistic runs for ``TUNING_FIELDS`` it leaves unnamed (docs/user-level.md
+    section 6): a quarter of epsilon to the tracker, the telescoping series, tau_1 = 256
+    (with ``practical: false``, Alg. 4's tau_1 = 2: that setting asks for the paper's
+    tracker)."""
+    start = NEW_TAU_START if stat.practical else 2
+    return {"tracker_share": 0.25, "series": "telescoping", "tau_start": start}
 
 
 def tuned(stat: StatisticConfig) -> bool:
@@ -202,10 +211,10 @@ def legacy_tuning(stat: StatisticConfig) -> dict[str, Any]:
 def _tracker_tuning(stat: StatisticConfig, ran: Mapping[str, Any] | None) -> dict[str, Any]:
     """The ``TUNING_FIELDS`` ``stat`` leaves unnamed: a statistic the ledger ran keeps what
     it recorded (Alg. 5's where it recorded none: it ran before they existed, and its
-    fingerprint, which leaves Alg. 5's values out, stays), a new one gets ``NEW_TUNING``."""
+    fingerprint, which leaves Alg. 5's values out, stays), a new one ``new_tuning``'s."""
     if not tuned(stat):
         return {}
-    chosen = NEW_TUNING if ran is None else {**legacy_tuning(stat), **ran}
+    chosen = new_tuning(stat) if ran is None else {**legacy_tuning(stat), **ran}
     return {name: chosen[name] for name in TUNING_FIELDS if getattr(stat, name) is None}
 
 

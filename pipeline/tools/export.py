@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import orjson
 
 from dpstream.config.schema import PipelineConfig
+from dpstream.statistics.registry import TUNING_FIELDS
 
 from ..kafka.clients import read_topic, tools_group
 from ..stages.drivers import Stage1Driver
@@ -115,6 +116,9 @@ def log_header(cfg: PipelineConfig, bootstrap: str, key: PipelineKey | None) -> 
             }
             recorded = run.parameters.get("statistic", {})
             ran[stat.name] = {"mechanism": recorded.get("mechanism"), "k": recorded.get("k")}
-    # "mechanisms": the tree each ran, so replay runs a statistic that names none as the
+            tuning = {f: recorded[f] for f in TUNING_FIELDS if f in recorded}
+            ran[stat.name].update(tuning)
+    # "mechanisms": the tree each ran (and a tau: auto count's tracker tuning, recorded
+    # where it is not Alg. 5's), so replay runs a statistic that names none as the
     # pipeline did (registry.with_mechanisms).
     return {LOG_HEADER: 1, "app_id": cfg.app_id, "runs": stated, "mechanisms": ran}
