@@ -817,7 +817,8 @@ class StatisticConfig(_Model):
     # instances ("dly": Dong-Luo-Yi's, with theta; "telescoping": x / (i (i+1))), and
     # tau_1, the tracker's first bound (a power of two; App. C-A: 64). None (not named):
     # resolved before anything runs it (statistics.registry.resolved): a statistic the
-    # ledger ran keeps Alg. 5's (0.5, dly, 64 or 2), a new one gets 0.25, telescoping, 256.
+    # ledger ran keeps Alg. 5's (0.5, dly, 64 or 2), a new one gets 0.25, telescoping and
+    # 256 (a histogram 64; 2 with practical: false).
     tracker_share: float | None = Field(None, gt=0, lt=1)
     series: Literal["dly", "telescoping"] | None = None
     tau_start: int | None = Field(None, ge=2, le=1 << 40)

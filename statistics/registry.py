@@ -183,16 +183,19 @@ def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> Sta
 TUNING_FIELDS = ("tracker_share", "series", "tau_start")
 """A tau: auto count's, sum's or histogram's tracker and series (docs/user-level.md 6)."""
 
-NEW_TAU_START = 256
-"""tau_1 of a NEW statistic in practical mode (docs/user-level.md section 6)."""
+NEW_TAU_START = {"count": 256, "sum": 256, "histogram": 64}
+"""tau_1 of a NEW statistic in practical mode (docs/user-level.md section 6): a count's or
+sum's best bound over a long stream is rarely below 256, and every restart costs; a
+histogram's noise is per bin while its truncation bias spreads over the bins, so its best
+bound is lower: App. C-A's 64."""
 
 
 def new_tuning(stat: StatisticConfig) -> dict[str, Any]:
     """What a NEW statistic runs for ``TUNING_FIELDS`` it leaves unnamed (docs/user-level.md
-    section 6): a quarter of epsilon to the tracker, the telescoping series, tau_1 = 256
-    (with ``practical: false``, Alg. 4's tau_1 = 2: that setting asks for the paper's
-    tracker)."""
-    start = NEW_TAU_START if stat.practical else 2
+    section 6): a quarter of epsilon to the tracker, the telescoping series, tau_1 of
+    ``NEW_TAU_START`` (with ``practical: false``, Alg. 4's tau_1 = 2: that setting asks for
+    the paper's tracker)."""
+    start = NEW_TAU_START[stat.kind] if stat.practical else 2
     return {"tracker_share": 0.25, "series": "telescoping", "tau_start": start}
 
 

@@ -303,7 +303,7 @@ def test_statistics_that_ran_keep_their_fingerprint_and_alg5_new_ones_get_the_tu
     fresh = registry.with_mechanisms(cfg, {})
     for stat in fresh.statistics:
         assert stat.tracker_share == 0.25 and stat.series == "telescoping"
-        assert stat.tau_start == (256 if stat.practical else 2)
+        assert stat.tau_start == (256 if stat.practical else 2)  # hist: practical false
         assert fingerprint(stat, fresh) != PINNED[stat.name]
         definition = identity_parameters(stat, fresh)["statistic"]
         assert definition["tracker_share"] == 0.25 and definition["series"] == "telescoping"
@@ -329,6 +329,9 @@ def test_statistics_that_ran_keep_their_fingerprint_and_alg5_new_ones_get_the_tu
         }
     )
     assert fingerprint(named.statistics[0], named) == PINNED["views"]
+    histogram = {"name": "h", "kind": "histogram", "bins": 8, "epsilon": 1}
+    new = parse_config({"privacy": {"total_epsilon": 1}, "statistics": [histogram]})
+    assert registry.resolved(new.statistics[0]).tau_start == 64  # App. C-A's, per bin
 
 
 @pytest.mark.parametrize(
