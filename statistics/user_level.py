@@ -341,4 +341,11 @@ def versions() -> dict[str, int]:
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (``dpstream check-config``)."""
     key = f", key={stat.key}" if stat.key is not None else ""
-    return f"{stat.kind} via {stat.mechanism}, epsilon={stat.epsilon:g}, tau={stat.tau}{key}"
+    tuning = ""
+    if stat.tracker_share is not None:  # resolved (registry.describe)
+        tuning = (
+            f" (tracker {stat.tracker_share:g} of epsilon, {stat.series} series, "
+            f"tau from {stat.tau_start})"
+        )
+    line = f"{stat.kind} via {stat.mechanism}, epsilon={stat.epsilon:g}, tau={stat.tau}{tuning}"
+    return line + key
