@@ -8,7 +8,9 @@ the RMSE of the released value against the truncated value (each user's first ta
 tau~ as released) and against the true value, the share of negative releases in the
 first 60 ticks, and the mean tick-to-tick move at the quiet ticks. "before": the binary
 tree and the unbiased estimate (``unbiased``, what ``value`` was); "after": the value
-shown, on the tree a new statistic gets. Run: ``python -m bench.accuracy_workload``.
+shown, on the tree a new statistic gets. Run: ``python -m bench.accuracy_workload``
+(``--alg5``: the tau: auto statistics with Alg. 5's tracker tuning, which a statistic
+that ran before the tuning existed keeps; without it, a new statistic's).
 """
 
 from __future__ import annotations
@@ -73,8 +75,15 @@ def exact(name: str, users: dict[str, list[int]], tau: int | None) -> np.ndarray
     return bins
 
 
-def config(**named: object):
+ALG5 = {"tracker_share": 0.5, "series": "dly", "tau_start": 64}
+"""Dong-Luo-Yi Alg. 5's tracker tuning: what a tau: auto statistic that ran before the
+tuning existed keeps (docs/user-level.md section 6); ``--alg5`` measures it."""
+
+
+def config(alg5: bool = False, **named: object):
     stats = [{**s, **named} for s in STATS]
+    if alg5:
+        stats = [s | ALG5 if s["tau"] == "auto" else s for s in stats]
     return parse_config({"privacy": {"total_epsilon": 4.0}, "statistics": stats})
 
 
@@ -132,12 +141,13 @@ def check_truncation(lines: list[bytes], snapshots: list) -> None:
             assert (got == want).all(), (name, tick, got, want)
 
 
-def main(keys: int = 4) -> None:
+def main(keys: int = 4, alg5: bool = False) -> None:
     lines, per_tick = workload()
     snapshots = truth(per_tick)
     check_truncation(lines, snapshots)
     rows = {}
-    for label, cfg in (("binary", config(mechanism="binary")), ("default", config())):
+    configs = (("binary", config(alg5, mechanism="binary")), ("default", config(alg5)))
+    for label, cfg in configs:
         runs = [
             by_name(replay(cfg, lines, KeyedNoise(hashlib.sha256(bytes([i])).digest())))
             for i in range(keys)
@@ -159,4 +169,5 @@ def main(keys: int = 4) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4)
+    numbers = [a for a in sys.argv[1:] if a != "--alg5"]
+    main(int(numbers[0]) if numbers else 4, "--alg5" in sys.argv[1:])

@@ -792,6 +792,9 @@ _NOT_FOR_OWN_CAPS = (
     "theta",
     "practical",
     "practical_instances",
+    "tracker_share",
+    "series",
+    "tau_start",
     "deletions",
     "mechanism",
     "k",
@@ -820,6 +823,16 @@ class StatisticConfig(_Model):
     theta: float = Field(1.0, gt=0, le=4)
     practical: bool = True  # tracker starts at tau = 64 with the shifted series (App. C-A)
     practical_instances: bool = False  # the shifted series for the instances too
+    # tau: auto count, sum, histogram (docs/user-level.md section 6): the tracker's share
+    # of epsilon (Alg. 5: 0.5), the epsilon series of both the tracker's SVTs and the
+    # instances ("dly": Dong-Luo-Yi's, with theta; "telescoping": x / (i (i+1))), and
+    # tau_1, the tracker's first bound (a power of two; App. C-A: 64). None (not named):
+    # resolved before anything runs it (statistics.registry.resolved): a statistic the
+    # ledger ran keeps Alg. 5's (0.5, dly, 64 or 2), a new one gets 0.25, telescoping and
+    # 256 (a histogram 64; 2 with practical: false).
+    tracker_share: float | None = Field(None, gt=0, lt=1)
+    series: Literal["dly", "telescoping"] | None = None
+    tau_start: int | None = Field(None, ge=2, le=1 << 40)
     max_value: int | None = Field(None, ge=1, le=1 << 20)  # sum: R (values in [0, R], tau in units)
     # sum: real values clipped into [lower, upper] and snapped to a grid of ``resolution``
     # units over that range (the mean's words); a fixed tau then counts a user's events.
@@ -986,6 +999,12 @@ class StatisticConfig(_Model):
             )
         if not self.user_level and (self.deletions or self.practical_instances):
             raise ValueError("deletions: only with tau: auto")
+        for name in ("tracker_share", "series", "tau_start"):
+            if getattr(self, name) is not None and not (self.user_level and params.trees):
+                tuned = " and ".join(_kinds_with(lambda p: p.trees))
+                raise ValueError(f"{name}: only with tau: auto, kinds {tuned}")
+        if self.tau_start is not None and self.tau_start & (self.tau_start - 1):
+            raise ValueError("tau_start: must be a power of two")
         if self.deletions and not params.deletions:
             # Distinct count with deletions is open (Dong-Luo-Yi Sec. VI).
             raise ValueError(f"deletions: not supported for kind {kind}")

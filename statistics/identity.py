@@ -14,7 +14,7 @@ from dpstream.config.schema import PipelineConfig, StatisticConfig
 from dpstream.operators import accounting
 from dpstream.operators.noise import discrete_laplace
 
-from .registry import identity, resolved
+from .registry import TUNING_FIELDS, identity, legacy_tuning, resolved
 
 
 def identity_parameters(stat: StatisticConfig, cfg: PipelineConfig) -> dict[str, object]:
@@ -56,6 +56,11 @@ def _definition(stat: StatisticConfig) -> dict[str, object]:
     definition = stat.model_dump(mode="json", by_alias=True)
     for name in LATER_FIELDS:
         if definition[name] is None:
+            del definition[name]
+    # Left out at Alg. 5's values too: what every statistic ran before they existed.
+    legacy = legacy_tuning(stat)
+    for name in TUNING_FIELDS:
+        if definition[name] is None or definition[name] == legacy[name]:
             del definition[name]
     return definition
 

@@ -155,7 +155,8 @@ def default_tree(stat: StatisticConfig) -> tuple[str, int | None]:
 
 
 def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> StatisticConfig:
-    """``stat`` with its mechanism named, as it runs and as its identity records it.
+    """``stat`` with its mechanism (and a tau: auto count's, sum's or histogram's tracker
+    tuning, ``TUNING_FIELDS``) named, as it runs and as its identity records it.
 
     Args:
         stat: a statistic of the config.
@@ -167,18 +168,61 @@ def resolved(stat: StatisticConfig, ran: Mapping[str, Any] | None = None) -> Sta
         Under zCDP accounting ``sqrt_factorization``, its one counter. Else ``stat``
         itself if it names a mechanism; else with the mechanism and k it ran (a
         statistic that ran before the default changed recorded ``binary``, so it keeps
-        its tree and its fingerprint), or for a new one with ``default_tree``'s.
+        its tree and its fingerprint), or for a new one with ``default_tree``'s. The
+        same for ``TUNING_FIELDS`` (``_tracker_tuning``).
     """
+    update: dict[str, Any] = {}
     if stat.zcdp and stat.mechanism != "sqrt_factorization":
         # zCDP accounting has one counter, which auto (and naming none) picks.
-        return stat.model_copy(update={"mechanism": "sqrt_factorization"})
-    if stat.mechanism is not None:
-        return stat
-    if ran is not None:
-        mechanism, k = ran.get("mechanism") or "binary", ran.get("k")
-    else:
-        mechanism, k = default_tree(stat)
-    return stat.model_copy(update={"mechanism": mechanism, "k": k})
+        update["mechanism"] = "sqrt_factorization"
+    elif stat.mechanism is None:
+        if ran is not None:
+            update["mechanism"], update["k"] = ran.get("mechanism") or "binary", ran.get("k")
+        else:
+            update["mechanism"], update["k"] = default_tree(stat)
+    update.update(_tracker_tuning(stat, ran))
+    return stat.model_copy(update=update) if update else stat
+
+
+TUNING_FIELDS = ("tracker_share", "series", "tau_start")
+"""A tau: auto count's, sum's or histogram's tracker and series (docs/user-level.md 6)."""
+
+NEW_TAU_START = {"count": 256, "sum": 256, "histogram": 64}
+"""tau_1 of a NEW statistic in practical mode (docs/user-level.md section 6): a count's or
+sum's best bound over a long stream is rarely below 256, and every restart costs; a
+histogram's noise is per bin while its truncation bias spreads over the bins, so its best
+bound is lower: App. C-A's 64."""
+
+
+def new_tuning(stat: StatisticConfig) -> dict[str, Any]:
+    """What a NEW statistic runs for ``TUNING_FIELDS`` it leaves unnamed (docs/user-level.md
+    section 6): a quarter of epsilon to the tracker, the telescoping series, tau_1 of
+    ``NEW_TAU_START`` (with ``practical: false``, Alg. 4's tau_1 = 2: that setting asks for
+    the paper's tracker)."""
+    start = NEW_TAU_START[stat.kind] if stat.practical else 2
+    return {"tracker_share": 0.25, "series": "telescoping", "tau_start": start}
+
+
+def tuned(stat: StatisticConfig) -> bool:
+    """Whether ``TUNING_FIELDS`` apply: a tau: auto count, sum or histogram."""
+    return stat.user_level and KINDS[stat.kind].trees
+
+
+def legacy_tuning(stat: StatisticConfig) -> dict[str, Any]:
+    """Dong-Luo-Yi Alg. 5's values of ``TUNING_FIELDS``, what every statistic ran before
+    they existed: half of epsilon to the tracker, their series, tau_1 of App. C-A (64) or
+    of Alg. 4 (2)."""
+    return {"tracker_share": 0.5, "series": "dly", "tau_start": 64 if stat.practical else 2}
+
+
+def _tracker_tuning(stat: StatisticConfig, ran: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``TUNING_FIELDS`` ``stat`` leaves unnamed: a statistic the ledger ran keeps what
+    it recorded (Alg. 5's where it recorded none: it ran before they existed, and its
+    fingerprint, which leaves Alg. 5's values out, stays), a new one ``new_tuning``'s."""
+    if not tuned(stat):
+        return {}
+    chosen = new_tuning(stat) if ran is None else {**legacy_tuning(stat), **ran}
+    return {name: chosen[name] for name in TUNING_FIELDS if getattr(stat, name) is None}
 
 
 def with_mechanisms(cfg: PipelineConfig, ran: Mapping[str, Mapping[str, Any]]) -> PipelineConfig:

@@ -149,9 +149,10 @@ class UserLevelStatistic(WeightsStage2, ABC):
         return Step(new, (fields,), (entry,))
 
     def ledger_start(self, entry: dict[str, Any]) -> dict[str, Any]:
+        share = self._tracker().epsilon / Fraction(repr(self.stat.epsilon))
         note = (
             "Dong-Luo-Yi Alg. 5 over the whole infinite stream: tracker series below "
-            "epsilon/2, instance series below epsilon/2; budget entries follow"
+            f"{share} epsilon, instance series below {1 - share} epsilon; budget entries follow"
         )
         return {**entry, "note": note}
 
@@ -225,6 +226,7 @@ def counter_spec(
         "practical": stat.practical,
         "practical_instances": stat.practical_instances,
         "tree": instance_tree(stat),
+        **tracker_options(stat),
     }
     multiplier = accounting.sensitivity_multiplier(cfg.privacy.neighbours.value)
     if stat.deletions:
@@ -237,6 +239,21 @@ def counter_spec(
         stat.name, eps, beta, theta, bins=bins, multiplier=multiplier, **options
     )
     return ul, spec, ul.UserLevelState, ul.MECHANISM
+
+
+def tracker_options(stat: StatisticConfig) -> dict[str, Any]:
+    """The operator's tracker share, series and tau_1 from ``stat``'s resolved
+    ``tracker_share``, ``series`` and ``tau_start`` (``registry.resolved``); a field left
+    unnamed is Alg. 5's (1/2, Dong-Luo-Yi's series, App. C-A's or Alg. 4's tau_1)."""
+    series = stat.series or svt.SERIES_DLY
+    share = Fraction(1, 2) if stat.tracker_share is None else Fraction(repr(stat.tracker_share))
+    start = 0 if stat.tau_start is None else stat.tau_start.bit_length() - 1
+    return {
+        "tracker_share": share,
+        "tracker_series": series,
+        "instance_series": series,
+        "start_exponent": start,
+    }
 
 
 def instance_tree(stat: StatisticConfig) -> tuple[kary_tree.ChosenTree, int]:
@@ -324,4 +341,11 @@ def versions() -> dict[str, int]:
 def describe(stat: StatisticConfig, cfg: PipelineConfig) -> str:
     """What ``stat`` computes, in one line (``dpstream check-config``)."""
     key = f", key={stat.key}" if stat.key is not None else ""
-    return f"{stat.kind} via {stat.mechanism}, epsilon={stat.epsilon:g}, tau={stat.tau}{key}"
+    tuning = ""
+    if stat.tracker_share is not None:  # resolved (registry.describe)
+        tuning = (
+            f" (tracker {stat.tracker_share:g} of epsilon, {stat.series} series, "
+            f"tau from {stat.tau_start})"
+        )
+    line = f"{stat.kind} via {stat.mechanism}, epsilon={stat.epsilon:g}, tau={stat.tau}{tuning}"
+    return line + key

@@ -109,11 +109,13 @@ from ..trees import kary_tree
 from ..trees.tree_counter import period_of
 from .svt import (
     LOG,
+    SERIES,
+    SERIES_DLY,
     ContributionTrackerSpec,
     ContributionTrackerState,
     make_contribution_tracker,
-    series_epsilon,
-    series_spent,
+    spent,
+    term,
     tracker_step,
 )
 from .svt import beta_spent as _beta_spent
@@ -160,6 +162,10 @@ class UserLevelSpec:
             ``BINARY`` (Dong-Luo-Yi Alg. 2, the default), ("kary", k) or
             ("kary_subtract", k) (Andersson-Pagh-Torkamani Alg. 1 or 2 under
             ``kary_tree``'s period scheme; docs/design.md, section 5a).
+        tracker_share: the share s of epsilon the tracker gets (s epsilon); the instances
+            get (1 - s) epsilon. Alg. 5: 1/2.
+        instance_series: the instances' epsilon series over (1 - s) epsilon (``svt.SERIES``):
+            Dong-Luo-Yi's (theta, ``practical_instances``) or the telescoping one.
     """
 
     name: str
@@ -171,6 +177,8 @@ class UserLevelSpec:
     practical_instances: bool
     tracker: ContributionTrackerSpec
     tree: tuple[kary_tree.ChosenTree, int] = BINARY
+    tracker_share: Fraction = Fraction(1, 2)
+    instance_series: str = SERIES_DLY
 
 
 def make_user_level(
@@ -185,6 +193,12 @@ def make_user_level(
     practical_instances: bool = False,
     forced_schedule: Sequence[tuple[int, int]] = (),
     tree: tuple[kary_tree.ChosenTree, int] = BINARY,
+    tracker_share: float | Fraction = Fraction(1, 2),
+    tracker_series: str = SERIES_DLY,
+    instance_series: str = SERIES_DLY,
+    start_exponent: int = 0,
+    growth: int = 1,
+    discount_scale: float | Fraction = 1,
 ) -> UserLevelSpec:
     """Validate and build a UserLevelSpec.
 
@@ -201,6 +215,9 @@ def make_user_level(
             two >= the start, non-decreasing. NOT private.
         tree: the instances' counter (see UserLevelSpec): ``BINARY``, ("kary", k >= 2)
             or ("kary_subtract", k >= 3).
+        tracker_share: s in (0, 1): the tracker gets s epsilon, the instances (1 - s) epsilon.
+        tracker_series, instance_series: the two epsilon series (``svt.SERIES``).
+        start_exponent, growth, discount_scale: the tracker's (``svt.make_contribution_tracker``).
 
     Returns:
         The spec.
@@ -223,8 +240,22 @@ def make_user_level(
     if not isinstance(practical_instances, bool):
         raise _validate.invalid("practical_instances", "a bool", practical_instances)
     _check_tree(tree, eps)
+    share = _validate.exact_fraction("tracker_share", tracker_share)
+    if not 0 < share < 1:
+        raise _validate.invalid("tracker_share", "in (0, 1)", tracker_share)
+    if instance_series not in SERIES:
+        raise _validate.invalid("instance_series", " or ".join(SERIES), instance_series)
     tracker = make_contribution_tracker(
-        name, eps / 2, b / 2, theta, practical=practical, forced_schedule=forced_schedule
+        name,
+        eps * share,
+        b / 2,
+        theta,
+        practical=practical,
+        forced_schedule=forced_schedule,
+        series=tracker_series,
+        start_exponent=start_exponent,
+        growth=growth,
+        discount_scale=discount_scale,
     )
     return UserLevelSpec(
         name=name,
@@ -236,6 +267,8 @@ def make_user_level(
         practical_instances=practical_instances,
         tracker=tracker,
         tree=(tree[0], tree[1]),
+        tracker_share=share,
+        instance_series=instance_series,
     )
 
 
@@ -255,21 +288,29 @@ def _check_tree(tree: tuple[kary_tree.ChosenTree, int], epsilon: Fraction) -> No
 # Budgets (Dong-Luo-Yi Algs. 4 and 5)
 
 
+def instance_budget(spec: UserLevelSpec) -> Fraction:
+    """(1 - s) epsilon: what the instance series sums to below (epsilon/2 in Alg. 5)."""
+    return spec.epsilon * (1 - spec.tracker_share)
+
+
 def epsilon_instance(spec: UserLevelSpec, j: int) -> Fraction:
     """epsilon_inst_j = epsilon theta / (2 (j+1)^(1+theta)) (or the practical shift),
-    rounded down when theta is not an integer."""
-    return series_epsilon(spec.epsilon / 2, spec.theta, j, spec.practical_instances)
+    rounded down when theta is not an integer; with the telescoping series
+    (1 - s) epsilon / (j (j+1))."""
+    series = spec.instance_series
+    return term(instance_budget(spec), spec.theta, j, spec.practical_instances, series)
 
 
 def instance_spent_epsilon(spec: UserLevelSpec, instances: int) -> Fraction:
-    """Exact epsilon of the instance series after ``instances`` instances (< epsilon/2)."""
-    return series_spent(spec.epsilon / 2, spec.theta, instances, spec.practical_instances)
+    """Exact epsilon of the instance series after ``instances`` instances (< (1 - s) epsilon)."""
+    budget, series = instance_budget(spec), spec.instance_series
+    return spent(budget, spec.theta, instances, spec.practical_instances, series)
 
 
 def tracker_spent_epsilon(spec: UserLevelSpec, svts: int) -> Fraction:
-    """Exact epsilon of the tracker series after ``svts`` SVTs were started (< epsilon/2)."""
+    """Exact epsilon of the tracker series after ``svts`` SVTs were started (< s epsilon)."""
     tracker = spec.tracker
-    return series_spent(tracker.epsilon, tracker.theta, svts, tracker.practical)
+    return spent(tracker.epsilon, tracker.theta, svts, tracker.practical, tracker.series)
 
 
 def tracker_spent_beta(spec: UserLevelSpec, svts: int) -> Fraction:

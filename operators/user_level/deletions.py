@@ -37,6 +37,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from .. import _validate
 from ..errors import InvalidOperatorConfig
@@ -128,6 +129,7 @@ def make_deletions(
     practical_instances: bool = False,
     forced_schedule: Sequence[tuple[int, int]] = (),
     tree: tuple[kary_tree.ChosenTree, int] = ul.BINARY,
+    **tuning: Any,
 ) -> DeletionsSpec:
     """Validate and build a DeletionsSpec.
 
@@ -143,6 +145,8 @@ def make_deletions(
         practical_instances: shifted instance series on both sides.
         forced_schedule: TEST HOOK forcing tau~ on both sides (not private).
         tree: the counter both sides' instances run (``counter.make_user_level``).
+        **tuning: both sides' tracker share, series, start and growth
+            (``counter.make_user_level``'s keyword arguments of those names).
 
     Returns:
         The spec.
@@ -183,6 +187,7 @@ def make_deletions(
             practical_instances=practical_instances,
             forced_schedule=forced_schedule,
             tree=tree,
+            **tuning,
         )
         for side in ("ins", "del")
     )

@@ -288,6 +288,48 @@ def series_spent(total: Fraction, theta: Fraction, count: int, practical: bool) 
     )
 
 
+def telescoping_epsilon(total: Fraction, index: int) -> Fraction:
+    """epsilon_index = total / (index (index+1)), exact: the telescoping series whose first n
+    terms sum to total * n / (n+1) < total, and whose first term is total / 2.
+
+    Args:
+        total: the series' budget.
+        index: i >= 1.
+
+    Returns:
+        epsilon_index as an exact Fraction.
+    """
+    _validate.check_int_ge("index", index, 1)
+    return Fraction(total) / (index * (index + 1))
+
+
+def telescoping_spent(total: Fraction, count: int) -> Fraction:
+    """Exact sum of the first ``count`` telescoping terms: total * count / (count + 1)."""
+    _validate.check_int_ge("count", count, 0)
+    return Fraction(total) * count / (count + 1)
+
+
+SERIES_DLY = "dly"
+"""Dong-Luo-Yi's series (``series_epsilon``: theta, the practical shift)."""
+SERIES_TELESCOPING = "telescoping"
+"""total / (i (i+1)) (``telescoping_epsilon``): half the budget to the first term."""
+SERIES = (SERIES_DLY, SERIES_TELESCOPING)
+
+
+def term(total: Fraction, theta: Fraction, index: int, practical: bool, series: str) -> Fraction:
+    """epsilon_index of ``series`` (``SERIES``) with budget ``total``."""
+    if series == SERIES_TELESCOPING:
+        return telescoping_epsilon(total, index)
+    return series_epsilon(total, theta, index, practical)
+
+
+def spent(total: Fraction, theta: Fraction, count: int, practical: bool, series: str) -> Fraction:
+    """Exact sum of the first ``count`` terms of ``series`` (below ``total``)."""
+    if series == SERIES_TELESCOPING:
+        return telescoping_spent(total, count)
+    return series_spent(total, theta, count, practical)
+
+
 def series_beta(total: Fraction, index: int) -> Fraction:
     """beta_index = total / (index+1)^2 (both modes, App. C-A); sums to < total."""
     _validate.check_int_ge("index", index, 1)
@@ -319,6 +361,14 @@ class ContributionTrackerSpec:
             non-empty, tau_t is the tau of the last change point with t_k <= t (tau_1 of
             the series before the first), no noise is drawn and no data is read. NOT
             private; empty in production.
+        series: the epsilon series of the SVTs (``SERIES``): Dong-Luo-Yi's (theta,
+            practical shift) or the telescoping one.
+        start_exponent: log2 tau_1; 0 means the paper's (1, or 6 in practical mode).
+        growth: log2 of the factor tau grows by when an SVT fires (1: doubling, Alg. 4).
+        discount_scale: the public discount of every query is multiplied by it (1: Alg. 4's
+            (6/epsilon_i) LOG(2/beta_i) + (8/epsilon_i) LOG(t+1)). Any public,
+            data-independent threshold keeps each SVT epsilon_i-DP (Lemma II.10); it only
+            moves the utility bound (how early tau grows).
     """
 
     name: str
@@ -327,6 +377,10 @@ class ContributionTrackerSpec:
     theta: Fraction
     practical: bool = False
     forced_schedule: tuple[tuple[int, int], ...] = ()
+    series: str = SERIES_DLY
+    start_exponent: int = 0
+    growth: int = 1
+    discount_scale: Fraction = Fraction(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +400,10 @@ def make_contribution_tracker(
     *,
     practical: bool = False,
     forced_schedule: Sequence[tuple[int, int]] = (),
+    series: str = SERIES_DLY,
+    start_exponent: int = 0,
+    growth: int = 1,
+    discount_scale: float | Fraction = 1,
 ) -> ContributionTrackerSpec:
     """Validate and build a ContributionTrackerSpec.
 
@@ -356,6 +414,10 @@ def make_contribution_tracker(
         theta: theta > 0, a rational with denominator <= 1000.
         practical: Dong-Luo-Yi App. C-A mode.
         forced_schedule: test hook, see ContributionTrackerSpec.
+        series: the SVTs' epsilon series, one of ``SERIES``.
+        start_exponent: log2 tau_1 in [0, 40] (0: the paper's start).
+        growth: log2 of tau's growth factor, in [1, 8].
+        discount_scale: factor > 0 of the public discount.
 
     Returns:
         The spec.
@@ -380,14 +442,27 @@ def make_contribution_tracker(
         )
     if not isinstance(practical, bool):
         raise _validate.invalid("practical", "a bool", practical)
+    if series not in SERIES:
+        raise _validate.invalid("series", " or ".join(SERIES), series)
+    _validate.check_int_ge("start_exponent", start_exponent, 0)
+    if start_exponent > 40:
+        raise _validate.invalid("start_exponent", "<= 40", start_exponent)
+    _validate.check_int_ge("growth", growth, 1)
+    if growth > 8:
+        raise _validate.invalid("growth", "<= 8", growth)
+    scale = _validate.exact_fraction("discount_scale", discount_scale)
+    _validate.check_positive("discount_scale", scale)
+    first = start_exponent or (PRACTICAL_TAU_START.bit_length() - 1 if practical else 1)
     schedule = tuple((t, tau) for t, tau in forced_schedule)
-    start = PRACTICAL_TAU_START if practical else 2
+    start = 1 << first
     last_t, last_tau = 0, start
     for t, tau in schedule:
         _validate.check_int_ge("forced_schedule step", t, last_t + 1)
         _validate.check_int_ge("forced_schedule tau", tau, last_tau)
         if tau & (tau - 1):
             raise _validate.invalid("forced_schedule tau", "a power of two", tau)
+        if (tau.bit_length() - 1 - first) % growth:
+            raise _validate.invalid("forced_schedule tau", "a tau_i of the series", tau)
         last_t, last_tau = t, tau
     return ContributionTrackerSpec(
         name=name,
@@ -396,6 +471,10 @@ def make_contribution_tracker(
         theta=th,
         practical=practical,
         forced_schedule=schedule,
+        series=series,
+        start_exponent=start_exponent,
+        growth=growth,
+        discount_scale=scale,
     )
 
 
@@ -405,7 +484,7 @@ def tracker_init(spec: ContributionTrackerSpec) -> ContributionTrackerState:
 
 def epsilon_i(spec: ContributionTrackerSpec, i: int) -> Fraction:
     """epsilon_i of SVT i (rounded down when theta is not an integer)."""
-    return series_epsilon(spec.epsilon, spec.theta, i, spec.practical)
+    return term(spec.epsilon, spec.theta, i, spec.practical, spec.series)
 
 
 def beta_i(spec: ContributionTrackerSpec, i: int) -> Fraction:
@@ -413,27 +492,36 @@ def beta_i(spec: ContributionTrackerSpec, i: int) -> Fraction:
     return series_beta(spec.beta, i)
 
 
+def _first_exponent(spec: ContributionTrackerSpec) -> int:
+    if spec.start_exponent:
+        return spec.start_exponent
+    return 6 if spec.practical else 1
+
+
 def tau_exponent(spec: ContributionTrackerSpec, i: int) -> int:
-    """log2 tau_i: i (original) or i + 5 (practical, tau_1 = 64)."""
+    """log2 tau_i: i (original), i + 5 (practical, tau_1 = 64), in general
+    start_exponent + growth (i - 1)."""
     _validate.check_int_ge("i", i, 1)
-    return i + 5 if spec.practical else i
+    return _first_exponent(spec) + spec.growth * (i - 1)
 
 
 def tau_i(spec: ContributionTrackerSpec, i: int) -> int:
-    """tau_i, the candidate bound of SVT i: 2^i or 64 * 2^(i-1)."""
+    """tau_i, the candidate bound of SVT i: 2^i or 64 * 2^(i-1) (doubling)."""
     return 1 << tau_exponent(spec, i)
 
 
 def tau_start(spec: ContributionTrackerSpec) -> int:
-    """tau_1: 2, or 64 in practical mode."""
+    """tau_1: 2, or 64 in practical mode, or 2^start_exponent."""
     return tau_i(spec, 1)
 
 
 def svt_index_of(spec: ContributionTrackerSpec, tau: int) -> int:
-    """The i with tau_i = tau (tau a power of two >= tau_1)."""
-    i = tau.bit_length() - 1 - (5 if spec.practical else 0)
-    if i < 1 or tau_i(spec, i) != tau:
-        raise _validate.invalid("tau", f"a power of two >= {tau_start(spec)}", tau)
+    """The i with tau_i = tau (tau one of the series' bounds)."""
+    above = tau.bit_length() - 1 - _first_exponent(spec)
+    i = above // spec.growth + 1
+    if above < 0 or tau_i(spec, i) != tau:
+        every = "" if spec.growth == 1 else f", 2^{spec.growth} times the one before"
+        raise _validate.invalid("tau", f"a power of two >= {tau_start(spec)}{every}", tau)
     return i
 
 
@@ -477,8 +565,8 @@ class _SvtPlan:
     eta_node: NodeId
     eta_scale: Fraction
     query_scale: Fraction
-    constant: float  # (6/epsilon_i) LOG(2/beta_i)
-    per_log: float  # 8/epsilon_i
+    constant: float  # (6/epsilon_i) LOG(2/beta_i), times the discount scale
+    per_log: float  # 8/epsilon_i, times the discount scale
 
 
 _PLANS: dict[int, tuple[ContributionTrackerSpec, dict[int, _SvtPlan]]] = {}
@@ -500,7 +588,7 @@ def _plan(spec: ContributionTrackerSpec, i: int) -> _SvtPlan:
         svt = AboveThresholdSpec(
             epsilon=eps, threshold=Fraction(0), node_prefix=(spec.name, "svt", i)
         )
-        inv = 1 / float(eps)
+        inv = float(spec.discount_scale) / float(eps)
         plan = _SvtPlan(
             svt=svt,
             exponent=tau_exponent(spec, i),
@@ -576,7 +664,8 @@ def tracker_step(
 def spent_epsilon(spec: ContributionTrackerSpec, state: ContributionTrackerState) -> Fraction:
     """Exact epsilon committed so far: sum of epsilon_1..epsilon_i over the SVTs started
     (the running one included); 0 before the first step."""
-    return series_spent(spec.epsilon, spec.theta, state.svt_index if state.t else 0, spec.practical)
+    svts = state.svt_index if state.t else 0
+    return spent(spec.epsilon, spec.theta, svts, spec.practical, spec.series)
 
 
 def spent_beta(spec: ContributionTrackerSpec, state: ContributionTrackerState) -> Fraction:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import orjson
 
 from dpstream.config.schema import PipelineConfig
+from dpstream.statistics.registry import TUNING_FIELDS
 
 from ..kafka.clients import read_topic, tools_group
 from ..stages.drivers import Stage1Driver
@@ -98,6 +99,14 @@ def _export_lines(cfg: PipelineConfig, bootstrap: str, header: dict) -> Iterator
         yield orjson.dumps({"tick": tick})
 
 
+def ran_as(recorded: dict) -> dict:
+    """What replay needs of a statistic's recorded definition (its ledger identity's
+    ``statistic``) to run it as the pipeline did: its tree and, for a tau: auto count, sum
+    or histogram, the tracker tuning it recorded (absent: Alg. 5's, ``registry.resolved``)."""
+    tuning = {f: recorded[f] for f in TUNING_FIELDS if f in recorded}
+    return {"mechanism": recorded.get("mechanism"), "k": recorded.get("k"), **tuning}
+
+
 def log_header(cfg: PipelineConfig, bootstrap: str, key: PipelineKey | None) -> dict:
     """An exported log's first line: each configured statistic's run as the ledger states
     it (replay draws the pipeline's noise under it)."""
@@ -114,7 +123,8 @@ def log_header(cfg: PipelineConfig, bootstrap: str, key: PipelineKey | None) -> 
                 "start_tick": history.starts.get((stat.name, run.run_id)),
             }
             recorded = run.parameters.get("statistic", {})
-            ran[stat.name] = {"mechanism": recorded.get("mechanism"), "k": recorded.get("k")}
-    # "mechanisms": the tree each ran, so replay runs a statistic that names none as the
+            ran[stat.name] = ran_as(recorded)
+    # "mechanisms": the tree each ran (and a tau: auto count's tracker tuning, recorded
+    # where it is not Alg. 5's), so replay runs a statistic that names none as the
     # pipeline did (registry.with_mechanisms).
     return {LOG_HEADER: 1, "app_id": cfg.app_id, "runs": stated, "mechanisms": ran}

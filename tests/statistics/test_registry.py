@@ -9,16 +9,19 @@ import ast
 import inspect
 import types
 import typing
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from dpstream.config.schema import KINDS, Kind, Mechanism, parse_config
 from dpstream.operators.noise import ZeroNoise
+from dpstream.operators.user_level import counter as ul
+from dpstream.operators.user_level import svt
 from dpstream.statistics import registry
 from dpstream.statistics.bounding import UnitBounding
 from dpstream.statistics.contract import PerUserStatistic, Report, StatisticBase, Step
-from dpstream.statistics.identity import identity_parameters
+from dpstream.statistics.identity import fingerprint, identity_parameters
 from dpstream.statistics.registry import (
     KIND_FUNCTIONS,
     REGISTRY,
@@ -240,3 +243,109 @@ def test_a_statistics_release_shape_is_its_configs_choice():
     assert shapes(False, fixed, auto, mean) == [CounterFields, UserLevelFields, WholeUserMeanFields]
     public = {**mean, "mean": {**mean["mean"], "max_users": 10}}
     assert shapes(True, public) == [ContinualMeanFields]
+
+
+# ---------------------------------------------------------------------------------------
+# tau: auto's tracker tuning (docs/user-level.md section 6)
+
+# Fingerprints of statistics that ran before the tuning existed, computed with the code
+# before it (commit f29f853): resolved against the ledger, they must not change.
+PINNED = {
+    "views": "dc42fcafb13b9b81fc07753bab6fe531",
+    "views_k": "f8034c1fc730ce9bae77c2e9bcc01abc",
+    "revenue": "f50425c38467ac13ee308cd19c628964",
+    "hist": "9c84467efc2ebf8c7f747141c1c8aaad",
+}
+
+
+def pinned_config():
+    return parse_config(
+        {
+            "privacy": {"total_epsilon": 4},
+            "statistics": [
+                {"name": "views", "epsilon": 1, "tau": "auto", "mechanism": "binary"},
+                {"name": "views_k", "epsilon": 1, "mechanism": "kary_subtract", "k": 13},
+                {
+                    "name": "revenue",
+                    "kind": "sum",
+                    "epsilon": 1,
+                    "max_value": 5,
+                    "mechanism": "binary",
+                    "deletions": True,
+                },
+                {
+                    "name": "hist",
+                    "kind": "histogram",
+                    "bins": 8,
+                    "epsilon": 1,
+                    "mechanism": "binary",
+                    "practical": False,
+                },
+            ],
+        }
+    )
+
+
+def test_statistics_that_ran_keep_their_fingerprint_and_alg5_new_ones_get_the_tuning():
+    cfg = pinned_config()
+    # What a ledger recorded before the tuning existed: the definition without it.
+    ran = {s.name: {"mechanism": s.mechanism, "k": s.k} for s in cfg.statistics}
+    kept = registry.with_mechanisms(cfg, ran)
+    assert {s.name: fingerprint(s, kept) for s in kept.statistics} == PINNED
+    for stat in kept.statistics:
+        legacy = registry.legacy_tuning(stat)
+        assert {f: getattr(stat, f) for f in registry.TUNING_FIELDS} == legacy
+        spec = statistic_for(stat, kept).spec
+        side = spec.inserts if stat.deletions else spec
+        assert side.tracker_share == Fraction(1, 2) and side.instance_series == "dly"
+        assert side.tracker.series == "dly" and side.tracker.start_exponent == (
+            6 if stat.practical else 1
+        )
+    # The same statistics, new to the ledger: the new tuning, in the fingerprint.
+    fresh = registry.with_mechanisms(cfg, {})
+    for stat in fresh.statistics:
+        assert stat.tracker_share == 0.25 and stat.series == "telescoping"
+        assert stat.tau_start == (256 if stat.practical else 2)  # hist: practical false
+        assert fingerprint(stat, fresh) != PINNED[stat.name]
+        definition = identity_parameters(stat, fresh)["statistic"]
+        assert definition["tracker_share"] == 0.25 and definition["series"] == "telescoping"
+        spec = statistic_for(stat, fresh).spec
+        side = spec.inserts if stat.deletions else spec
+        epsilon = Fraction(1, 2) if stat.deletions else Fraction(1)  # a side has half
+        assert side.tracker.epsilon == epsilon / 4 and ul.instance_budget(side) == epsilon * 3 / 4
+        assert svt.tau_start(side.tracker) == stat.tau_start
+    # Recorded as resolved, a new statistic keeps its tuning at its next start.
+    recorded = {s.name: identity_parameters(s, fresh)["statistic"] for s in fresh.statistics}
+    again = registry.with_mechanisms(cfg, recorded)
+    assert [fingerprint(s, again) for s in again.statistics] == [
+        fingerprint(s, fresh) for s in fresh.statistics
+    ]
+    # Named at Alg. 5's values, a new statistic is the old one: same behaviour, same print.
+    named = parse_config(
+        {
+            "privacy": {"total_epsilon": 1},
+            "statistics": [
+                {"name": "views", "epsilon": 1, "mechanism": "binary"}
+                | {"tracker_share": 0.5, "series": "dly", "tau_start": 64}
+            ],
+        }
+    )
+    assert fingerprint(named.statistics[0], named) == PINNED["views"]
+    histogram = {"name": "h", "kind": "histogram", "bins": 8, "epsilon": 1}
+    new = parse_config({"privacy": {"total_epsilon": 1}, "statistics": [histogram]})
+    assert registry.resolved(new.statistics[0]).tau_start == 64  # App. C-A's, per bin
+
+
+@pytest.mark.parametrize(
+    ("stat", "message"),
+    [
+        ({"kind": "kselect", "bins": 4, "rank": "max", "tracker_share": 0.25}, "tracker_share"),
+        ({"kind": "distinct", "series": "telescoping"}, "series"),
+        ({"tau": 8, "tau_start": 256}, "tau_start"),
+        ({"tau_start": 100}, "tau_start: must be a power of two"),
+        ({"tracker_share": 1.0}, "tracker_share"),
+    ],
+)
+def test_the_tuning_fields_are_refused_where_they_do_not_apply(stat, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config({"statistics": [{"name": "s", "epsilon": 1} | stat]})

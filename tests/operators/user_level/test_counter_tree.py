@@ -5,6 +5,7 @@ binary tree's (test_counter.py); the default stays the binary tree."""
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from fractions import Fraction
 
@@ -254,3 +255,58 @@ def test_make_rejects_bad_trees(tree, message):
     with pytest.raises(InvalidOperatorConfig) as info:
         ul.make_user_level("v", 2, Fraction(1, 10), tree=tree)
     assert str(info.value).startswith(message)
+
+
+# ---------------------------------------------------------------------------------------
+# The tuning a new statistic gets: the instances' sensitivity, exhaustively
+
+
+@pytest.mark.parametrize("tree", [("kary_subtract", 3), ("kary_subtract", 13), ("kary", 3)])
+def test_new_tuning_instances_privacy_loss_exhaustive(tree):
+    """Every stream of 4 ticks in which each of two users sends 0, 1 or 3 items a tick
+    (3^8 = 6,561 streams), under the tuning a new statistic gets (a quarter of epsilon to
+    the tracker, the telescoping series; tau_1 = 2 here instead of 256 to keep the streams
+    small: tau_1 only chooses which tau the instances truncate at). For instance j = 1 at
+    tau 2 and j = 2 at tau 4, removing either user moves the instance's node vector by a
+    privacy loss sum |delta| / scale of at most epsilon_inst_j, the scales being the
+    operator's own (``kary_tree.node_scale`` of ``counter.instance_tree``), and the bound
+    is attained. Count(D_t, 2^i), the tracker's query, moves by at most 1 at every t and i.
+    With the exact budgets of test_counter.py, the whole is epsilon-DP."""
+    spec = ul.make_user_level(
+        "tn",
+        1,
+        Fraction(1, 10),
+        tree=tree,
+        tracker_share=Fraction(1, 4),
+        tracker_series="telescoping",
+        instance_series="telescoping",
+        start_exponent=1,
+    )
+    assert [ul.epsilon_instance(spec, j) for j in (1, 2)] == [Fraction(3, 8), Fraction(1, 8)]
+    name, k = tree
+    worst = {1: Fraction(0), 2: Fraction(0)}
+    for sends in itertools.product((0, 1, 3), repeat=8):
+        ticks = [[(0, 0, 1)] * sends[2 * s] + [(1, 0, 1)] * sends[2 * s + 1] for s in range(4)]
+        for j, tau in ((1, 2), (2, 4)):
+            instance = ul.instance_tree(spec, j, tau)
+            full = kary_nodes(truncated_leaves(ticks, tau, 1), k)
+            for user in (0, 1):
+                reduced = [[item for item in items if item[0] != user] for items in ticks]
+                other = kary_nodes(truncated_leaves(reduced, tau, 1), k)
+                loss = sum(
+                    Fraction(abs(vec[0] - other[key][0])) / kary_tree.node_scale(instance, key[0])
+                    for key, vec in full.items()
+                )
+                assert loss <= ul.epsilon_instance(spec, j)
+                worst[j] = max(worst[j], loss)
+        counts = [0, 0]
+        for items in ticks:
+            for user, _, _ in items:
+                counts[user] += 1
+            for i in range(4):  # removing a user removes at most its own crossing
+                assert (
+                    sum(c > 1 << i for c in counts)
+                    - sum(c > 1 << i for u, c in enumerate(counts) if u != 0)
+                    <= 1
+                )
+    assert worst == {1: Fraction(3, 8), 2: Fraction(1, 8)}

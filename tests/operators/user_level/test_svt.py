@@ -502,3 +502,38 @@ def test_firing_probability_matches_the_exact_discrete_laplace_calculation(offse
         _, tau = svt.tracker_step(spec, svt.tracker_init(spec), 1, (0, count), noise)
         fired += tau > 2
     assert fired / n == pytest.approx(p, abs=5 * math.sqrt(p * (1 - p) / n) + 1e-9)
+
+
+def test_telescoping_series_growth_start_and_discount_scale():
+    """The tuning parameters of the tracker: the telescoping series total / (i (i+1)) and its
+    exact sums total n / (n+1); tau_1 = 2^start_exponent growing by 2^growth; the discount
+    scaled by discount_scale (a public threshold: each SVT stays epsilon_i-DP)."""
+    total = Fraction(1, 4)
+    assert [svt.telescoping_epsilon(total, i) for i in (1, 2, 3)] == [
+        Fraction(1, 8),
+        Fraction(1, 24),
+        Fraction(1, 48),
+    ]
+    for n in range(50):
+        assert (
+            svt.telescoping_spent(total, n)
+            == total * n / (n + 1)
+            == sum((svt.telescoping_epsilon(total, i) for i in range(1, n + 1)), Fraction(0))
+        )
+    spec = svt.make_contribution_tracker(
+        "g", total, Fraction(1, 20), series="telescoping", start_exponent=8, growth=2
+    )
+    assert [svt.tau_i(spec, i) for i in (1, 2, 3)] == [256, 1024, 4096]
+    assert svt.svt_index_of(spec, 4096) == 3
+    with pytest.raises(InvalidOperatorConfig, match="a power of two >= 256, 2\\^2 times"):
+        svt.svt_index_of(spec, 512)
+    assert svt.epsilon_i(spec, 2) == Fraction(1, 24)
+    half = svt.make_contribution_tracker(
+        "g", total, Fraction(1, 20), series="telescoping", discount_scale=Fraction(1, 2)
+    )
+    plain = svt.make_contribution_tracker("g", total, Fraction(1, 20), series="telescoping")
+    for i, t in ((1, 1), (2, 100), (5, 10_000)):
+        assert svt.discount(half, i, t) == pytest.approx(svt.discount(plain, i, t) / 2, rel=1e-15)
+    state = svt.tracker_init(spec)
+    state, tau = svt.tracker_step(spec, state, 1, [], ZeroNoise())
+    assert tau == 256 and svt.spent_epsilon(spec, state) == Fraction(1, 8)

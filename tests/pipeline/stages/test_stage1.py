@@ -335,13 +335,18 @@ def test_replay_error_bars_are_public(tau):
 
 def user_level_config(**stat):
     """A tau: auto statistic whose tracker, with zero noise and a huge epsilon, moves as
-    soon as one user exceeds tau (discount < 1): its releases are then exact."""
+    soon as one user exceeds tau (discount < 1): its releases are then exact. Alg. 5's
+    tracker (from tau = 2, half of epsilon, Dong-Luo-Yi's series) where the kind has a
+    choice."""
+    tuning = {"tracker_share": 0.5, "series": "dly"}
+    if stat.get("kind", "count") not in ("count", "sum", "histogram"):
+        tuning = {}
     return parse_config(
         {
             "input": {"partitions": 1},
             "noise": {"mode": "insecure_zero"},
             "privacy": {"total_epsilon": 4000},
-            "statistics": [{"name": "s", "epsilon": 4000, "practical": False, **stat}],
+            "statistics": [{"name": "s", "epsilon": 4000, "practical": False, **tuning, **stat}],
         }
     )
 

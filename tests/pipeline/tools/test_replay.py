@@ -9,10 +9,12 @@ import pytest
 from dpstream.config.schema import parse_config
 from dpstream.operators.noise import ZeroNoise
 from dpstream.pipeline.stages.stage2_state import StatisticRun
-from dpstream.pipeline.tools.export import LOG_MAC
+from dpstream.pipeline.tools.export import LOG_MAC, ran_as
 from dpstream.pipeline.tools.replay import LogNotVerified, replay, replay_file
 from dpstream.pipeline.worker.keys import PipelineKey
 from dpstream.pipeline.worker.ledger import LOG_HEADER
+from dpstream.statistics.identity import identity_parameters
+from dpstream.statistics.registry import with_mechanisms
 from tests.config_builders import production
 
 KEY = PipelineKey.from_key(bytes(range(32)))
@@ -94,3 +96,27 @@ def test_replay_runs_a_statistic_that_names_no_mechanism_on_the_tree_the_pipelin
     assert [r["tree"] for r in old] == [{"name": "binary", "k": 2}]
     assert [r["tree"] for r in new] == [{"name": "kary_subtract", "k": 13}]
     assert old[0]["value"] == new[0]["value"] == 7  # the same exact count either way
+
+
+def test_replay_runs_a_tau_auto_statistic_with_the_tracker_tuning_the_pipeline_ran():
+    # The header carries what the ledger recorded (export.ran_as): a statistic that ran
+    # before the tuning existed recorded none and replays with Alg. 5's tracker (tau_1 64),
+    # a new one with the tuning it recorded (tau_1 256), as does a log without a header.
+    cfg = parse_config(
+        {
+            "noise": {"mode": "insecure_zero"},
+            "privacy": {"total_epsilon": 1.0},
+            "statistics": [{"name": "events", "epsilon": 1.0}],
+        }
+    )
+    fresh = with_mechanisms(cfg, {})
+    recorded = identity_parameters(fresh.statistics[0], fresh)["statistic"]
+    assert recorded["tracker_share"] == 0.25 and recorded["tau_start"] == 256
+
+    def replayed(ran):
+        header = {LOG_HEADER: 1, "app_id": cfg.app_id, "runs": {}, "mechanisms": ran}
+        return [r["tau"] for r in replay(cfg, [orjson.dumps(header), *EVENTS], ZeroNoise())]
+
+    assert replayed({"events": ran_as({"mechanism": "binary"})}) == [64]
+    assert replayed({"events": ran_as(recorded)}) == [256]
+    assert [r["tau"] for r in replay(cfg, EVENTS, ZeroNoise())] == [256]
