@@ -21,7 +21,8 @@ from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig, SchemaRegistryConfig
+from dpstream.config.kafka import KafkaSecurityConfig, SchemaRegistryConfig
+from dpstream.config.schema import PipelineConfig
 from dpstream.pipeline.kafka.schema_registry import make_client
 from dpstream.pipeline.kafka.security import confluent_config
 from dpstream.pipeline.kafka.topics import group_id

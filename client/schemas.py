@@ -38,7 +38,7 @@ from typing import (
 
 from jsonschema import Draft202012Validator
 
-from dpstream.config.schema import KINDS
+from dpstream.config.statistic import KINDS
 from dpstream.pipeline.wire.records import DEAD_LETTER_SCHEMA_VERSION, DeadLetterRecord
 from dpstream.statistics import avro_schemas, registry
 from dpstream.statistics.releases import (

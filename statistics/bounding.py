@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dpstream.config.schema import StatisticConfig
+from dpstream.config.statistic import StatisticConfig
 from dpstream.operators.noise import snapping
 from dpstream.operators.noise.post_processing import Shown
 from dpstream.operators.user_level import counter as ul

@@ -42,7 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dpstream.config.schema import CellConfig, Neighbours, PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import CellConfig, Neighbours, StatisticConfig
 from dpstream.operators.cells import cell_accountant as acct
 from dpstream.operators.cells import cell_mean as per_cell
 from dpstream.operators.cells import clip_user, pseudo_users, slot_release

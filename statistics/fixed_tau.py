@@ -25,7 +25,8 @@ from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
-from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import KINDS, StatisticConfig
 from dpstream.operators import accounting, state_codec
 from dpstream.operators.noise import (
     NoiseSource,

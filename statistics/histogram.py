@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import StatisticConfig
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import deletions
 

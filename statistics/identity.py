@@ -10,7 +10,8 @@ docs/design.md section 4b.
 
 from __future__ import annotations
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import StatisticConfig
 from dpstream.operators import accounting
 from dpstream.operators.noise import discrete_laplace
 

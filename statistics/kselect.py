@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import StatisticConfig
 from dpstream.operators import accounting
 from dpstream.operators.noise import NoiseSource
 from dpstream.operators.user_level import k_selection

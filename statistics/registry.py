@@ -10,7 +10,7 @@ kind has two algorithms, the line says which setting chooses: a count or a sum i
 Dong-Luo-Yi's Alg. 3 with a fixed tau or Alg. 5 with ``tau: auto`` (``ByTau``), a mean
 the whole-user mean or, with public counts, George et al.'s (``ByCounts``).
 
-The config schema lists the kinds and the parameters each takes (``config.schema.KINDS``);
+The config schema lists the kinds and the parameters each takes (``config.statistic.KINDS``);
 this registry and that list name the same kinds, and every module has every function:
 both are checked when this module is imported, so a kind that misses one never runs.
 Stage 1 and stage 2 (so the worker and ``dpstream replay``) build every statistic through
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from dpstream.config.schema import KINDS, PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import KINDS, StatisticConfig
 from dpstream.operators.trees import kary_tree
 
 from . import (

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import StatisticConfig
 from dpstream.operators import accounting, state_codec
 from dpstream.operators.means import whole_user_mean as wum
 from dpstream.operators.noise import NoiseSource, interval, snapping

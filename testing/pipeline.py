@@ -13,7 +13,8 @@ import orjson
 import yaml
 
 if TYPE_CHECKING:  # pytest imports this module in every run: dpstream's own imports wait
-    from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
+    from dpstream.config.kafka import KafkaSecurityConfig
+    from dpstream.config.schema import PipelineConfig
     from dpstream.deploy.secure_broker import Listener, SecureKafka
 
 WAIT_SECONDS = 90.0
@@ -52,7 +53,7 @@ def secured_access(secured: SecureKafka, listener: Listener = "SASL_SSL") -> Acc
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from dpstream.config.schema import KafkaSecurityConfig
+    from dpstream.config.kafka import KafkaSecurityConfig
     from dpstream.pipeline.kafka.acls import Principals, bindings
 
     def prepare(cfg: PipelineConfig) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from dpstream.config.schema import KINDS
+from dpstream.config.statistic import KINDS
 
 CELL_KEYS = ["a", "b"]
 FIRST_TICK = 100

@@ -87,7 +87,7 @@ Form = Literal["tree_counter", "whole_user_mean", "continual_mean", "per_cell_me
 
 @dataclass(frozen=True)
 class StatisticTerms:
-    """What the accountant needs of one statistic (``config/schema.py`` builds it).
+    """What the accountant needs of one statistic (``config/statistic.py`` builds it).
 
     Attributes:
         name: the statistic's name.

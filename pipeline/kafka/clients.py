@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
+from dpstream.config.kafka import KafkaSecurityConfig
+from dpstream.config.schema import PipelineConfig
 
 from ..wire.records import BATCH, HEADER, user_id_of
 from .client_logs import error_callback

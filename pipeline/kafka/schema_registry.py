@@ -19,7 +19,8 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING
 
-from dpstream.config.schema import ConfigError, SchemaRegistryConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.kafka import SchemaRegistryConfig
 
 from .security import read_secret, readable
 

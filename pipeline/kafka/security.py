@@ -45,7 +45,8 @@ from aiokafka.abc import AbstractTokenProvider
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from dpstream.config.schema import ConfigError, KafkaSecurityConfig, OAuthConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.kafka import KafkaSecurityConfig, OAuthConfig
 from dpstream.operators.errors import DpStreamError
 
 SECRET_KEYS = frozenset(

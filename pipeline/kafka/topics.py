@@ -19,7 +19,9 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from dpstream.config.schema import ConfigError, KafkaSecurityConfig, PipelineConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.kafka import KafkaSecurityConfig
+from dpstream.config.schema import PipelineConfig
 from dpstream.operators.errors import DpStreamError
 
 from .client_logs import error_callback

@@ -90,7 +90,7 @@ def avro_serializer(
             cannot be read.
         DpStreamError: no schema can be made from the events (see ``avro_schema``).
     """
-    from dpstream.config.schema import ConfigError
+    from dpstream.config.base import ConfigError
 
     from ..kafka.schema_registry import make_client
 

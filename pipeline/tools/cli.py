@@ -14,7 +14,9 @@ from pathlib import Path
 
 import orjson
 
-from dpstream.config.schema import ConfigError, PipelineConfig, StatisticConfig, load_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import PipelineConfig, load_config
+from dpstream.config.statistic import StatisticConfig
 from dpstream.operators.errors import DpStreamError
 
 log = logging.getLogger("dpstream")

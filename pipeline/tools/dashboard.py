@@ -31,7 +31,8 @@ from typing import Any
 from aiohttp import web
 
 from dpstream.client import DeadLetter, LedgerEntry, Release, dead_letters, ledger, releases
-from dpstream.config.schema import PipelineConfig, StatisticConfig
+from dpstream.config.schema import PipelineConfig
+from dpstream.config.statistic import StatisticConfig
 from dpstream.statistics import registry
 
 from ..ingest.consumer import source_lag

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import PipelineConfig
 from dpstream.operators.accounting import Charge
 from dpstream.statistics.registry import with_mechanisms
 

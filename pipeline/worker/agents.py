@@ -22,7 +22,8 @@ from typing import Any
 import faust
 import orjson
 
-from dpstream.config.schema import KafkaSecurityConfig, PipelineConfig
+from dpstream.config.kafka import KafkaSecurityConfig
+from dpstream.config.schema import PipelineConfig
 
 from ..kafka.clients import read_range
 from ..stages.drivers import InputRecord, Stage1Driver, Stage2Driver

@@ -34,7 +34,8 @@ from typing import Any
 
 import orjson
 
-from dpstream.config.schema import ConfigError, NoiseMode, PipelineConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import NoiseMode, PipelineConfig
 from dpstream.operators.noise import KeyedNoise, NoiseSource, ZeroNoise
 
 MAC_FIELD = "mac"

@@ -37,7 +37,8 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaException
 
-from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import PipelineConfig
 from dpstream.operators import accounting
 from dpstream.statistics import releases
 from dpstream.statistics.identity import identity_parameters

@@ -25,7 +25,8 @@ import faust
 import orjson
 from prometheus_client.exposition import choose_encoder
 
-from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import PipelineConfig
 
 from ..ingest.consumer import IngestHandle
 from . import faust_compat

@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from dpstream.config.schema import ConfigError, PipelineConfig
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import PipelineConfig
 from dpstream.statistics import avro_schemas, registry
 
 log = logging.getLogger(__name__)

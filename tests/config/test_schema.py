@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpstream.config.schema import ConfigError, load_config, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import load_config, parse_config
 from tests.config_builders import MINIMAL, minimal
 
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings
 
-from dpstream.config.schema import ConfigError, PipelineConfig, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import PipelineConfig, parse_config
 from dpstream.pipeline.kafka.topics import group_id, topic_plan
 from dpstream.pipeline.tools import cli
 from dpstream.pipeline.tools.replay import replay

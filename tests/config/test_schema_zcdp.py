@@ -1,4 +1,4 @@
-"""privacy.accounting: zcdp in the config (config/schema.py): each accounting's budget
+"""privacy.accounting: zcdp in the config (config/schema.py, config/statistic.py): each accounting's budget
 fields and no other's, what zCDP runs, and the statement check-config prints."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from dpstream.config.schema import DEFAULT_DELTA, ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
+from dpstream.config.statistic import DEFAULT_DELTA
 from dpstream.operators.accounting import zcdp
 from dpstream.statistics import identity
 from tests.config_builders import MINIMAL

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpstream.config.schema import KafkaSecurityConfig
+from dpstream.config.kafka import KafkaSecurityConfig
 from dpstream.deploy.broker import LocalKafka
 from dpstream.deploy.certificates import Certificates
 from dpstream.deploy.secure_broker import USERS, SecureKafka, is_secure, secure_settings

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, assume, event, example, given, settings
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.kafka.clients import make_producer, produce_events
 from dpstream.pipeline.kafka.topics import create_source_topics
 from dpstream.pipeline.worker.processes import spawn_worker, stop_worker

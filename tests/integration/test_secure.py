@@ -38,7 +38,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from dpstream.config.schema import KafkaSecurityConfig, parse_config
+from dpstream.config.kafka import KafkaSecurityConfig
+from dpstream.config.schema import parse_config
 from dpstream.deploy import broker
 from dpstream.deploy.secure_broker import SecureKafka
 from dpstream.pipeline.kafka.acls import Principals, all_args, bindings

@@ -16,7 +16,8 @@ from fractions import Fraction
 import orjson
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.operators.cells import cell_mean as cm
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.stages.stage1 import Stage1

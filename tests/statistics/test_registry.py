@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.config.schema import KINDS, Kind, Mechanism, parse_config
+from dpstream.config.schema import parse_config
+from dpstream.config.statistic import KINDS, Kind, Mechanism
 from dpstream.operators.noise import ZeroNoise
 from dpstream.operators.user_level import counter as ul
 from dpstream.operators.user_level import svt

@@ -11,7 +11,8 @@ from fractions import Fraction
 import orjson
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.operators.noise import KeyedNoise, ZeroNoise, clip_to_grid
 from dpstream.pipeline.stages.stage1 import Stage1
 from dpstream.pipeline.stages.stage1_state import new_partition_state

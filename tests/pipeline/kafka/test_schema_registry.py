@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.ingest.consumer import source_decoder
 from dpstream.pipeline.kafka.schema_registry import client_config, describe, make_client
 from dpstream.pipeline.wire.records import limits_for

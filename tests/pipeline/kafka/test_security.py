@@ -19,7 +19,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from dpstream.config.schema import ConfigError, KafkaSecurityConfig, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.kafka import KafkaSecurityConfig
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.ingest import consumer as ingest
 from dpstream.pipeline.kafka import clients
 from dpstream.pipeline.kafka.security import (

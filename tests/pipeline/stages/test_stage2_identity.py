@@ -13,7 +13,8 @@ import random
 import orjson
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.operators.noise import KeyedNoise, RecordingNoise, ZeroNoise
 from dpstream.pipeline.stages.stage2 import Stage2, StatisticChanged
 from dpstream.pipeline.stages.stage2_state import OFFLINE_RUN, Stage2State, StatisticRun

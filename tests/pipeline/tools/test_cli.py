@@ -252,7 +252,8 @@ def test_check_config_refuses_a_filter_no_event_could_match_naming_it(tmp_path):
 
 
 def test_metrics_endpoint_from_the_config_and_the_flags():
-    from dpstream.config.schema import ConfigError, parse_config
+    from dpstream.config.base import ConfigError
+    from dpstream.config.schema import parse_config
     from dpstream.pipeline.tools.cli import build_parser, metrics_endpoint
 
     base = {"privacy": {"total_epsilon": 1.0}, "statistics": [{"name": "n", "epsilon": 1.0}]}

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.tools import ledger_view
 from dpstream.pipeline.worker.keys import PipelineKey
 from dpstream.pipeline.worker.ledger import History, plan, statement_entry

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.worker.keys import load_noise, noise_key
 from tests.config_builders import minimal, production
 

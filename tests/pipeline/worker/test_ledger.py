@@ -10,7 +10,8 @@ import hashlib
 
 import pytest
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.worker.keys import PipelineKey
 from dpstream.pipeline.worker.ledger import (
     History,

@@ -11,7 +11,8 @@ import faust
 import pytest
 from faust.types import TP
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.ingest.consumer import IngestReport
 from dpstream.pipeline.stages.drivers import Stage1Outcome, Stage2Outcome
 from dpstream.pipeline.worker.health import LIVENESS_STALL_SECONDS

@@ -11,7 +11,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from dpstream.config.schema import ConfigError, parse_config
+from dpstream.config.base import ConfigError
+from dpstream.config.schema import parse_config
 from dpstream.pipeline.kafka import schema_registry
 from dpstream.pipeline.worker.release_values import release_encoders
 from dpstream.statistics import avro_schemas
