@@ -1,5 +1,5 @@
-"""privacy.accounting: zcdp in the config (config/schema.py, config/statistic.py): each accounting's budget
-fields and no other's, what zCDP runs, and the statement check-config prints."""
+"""privacy.accounting: zcdp in the config (config/schema.py, config/statistic.py): each
+accounting's budget fields and no other's, what zCDP runs, and the statement check-config prints."""
 
 from __future__ import annotations
 
