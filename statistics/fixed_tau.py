@@ -39,7 +39,14 @@ from dpstream.operators.noise import (
 from dpstream.operators.trees import expiring_tree, kary_tree, sqrt_factorization, tree_counter
 from dpstream.operators.user_level import truncation
 
-from .bounding import ColumnarBounding, GridSumBounding, UnitBounding, grid_fields, value_grid
+from .bounding import (
+    ColumnarBounding,
+    GridSumBounding,
+    UnitBounding,
+    ValueGrid,
+    grid_fields,
+    value_grid,
+)
 from .contract import Accuracy, Step, WeightsStage2
 from .releases import CounterFields
 from .weights import KEPT_UNITS
@@ -102,6 +109,11 @@ class FixedTauStatistic(WeightsStage2):
     unit: str = "events"
     interval_of: str = "truncated"
 
+    @property
+    def grid(self) -> ValueGrid | None:
+        """A grid sum's ``GridSumBounding.grid`` (its values' grid and bound), else None."""
+        return self.bounding.grid if isinstance(self.bounding, GridSumBounding) else None
+
     def step(self, state_json: Any, pending: Any, tick: int, noise: NoiseSource) -> Step:
         operator, previous = shown_state(state_json)
         state = (
@@ -112,7 +124,7 @@ class FixedTauStatistic(WeightsStage2):
         weight = (pending or {}).get(KEPT_UNITS, 0)
         state, rel = self.module.step(self.spec, state, weight, noise)
         seen = shown(previous, rel, self.floor, self.noisy)
-        grid = self.bounding.grid if isinstance(self.bounding, GridSumBounding) else None
+        grid = self.grid
         fields = {
             "step": rel.t,
             "value": seen.value,
@@ -127,7 +139,7 @@ class FixedTauStatistic(WeightsStage2):
 
     def accuracy(self, ticks: Sequence[int]) -> Accuracy:
         last = self.lifetime_steps
-        grid = self.bounding.grid if isinstance(self.bounding, GridSumBounding) else None
+        grid = self.grid
         step = 1.0 if grid is None else float(grid.grid.step)  # a grid sum's std in its units
         stds = tuple(
             None if last is not None and t > last else float(self.module.std(self.spec, t)) * step

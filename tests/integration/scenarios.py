@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -41,6 +42,20 @@ CONFIG = {
     "privacy": {"total_epsilon": 1.0},
     "statistics": [{"name": "clicks", "kind": "count", "epsilon": 1.0, "tau": 2, "key": "click"}],
 }
+
+
+def shop_events(seed: int, n: int, max_value: int) -> list[dict]:
+    """``n`` events of 40 users, half views, half purchases of a whole value in
+    [1, max_value], seeded."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        user = f"user-{rng.randrange(40):02d}"
+        if rng.random() < 0.5:
+            out.append({"user_id": user, "key": "view"})
+        else:
+            out.append({"user_id": user, "key": "buy", "value": float(rng.randint(1, max_value))})
+    return out
 
 
 def drive(

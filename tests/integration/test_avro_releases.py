@@ -12,7 +12,6 @@ Run them alone with ``pytest -m registry``.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from dpstream.config.schema import parse_config
 from dpstream.pipeline.worker.processes import spawn_worker
 from dpstream.testing import unique_names
 from tests.integration import producers
+from tests.integration.scenarios import shop_events
 from tests.integration.support import WorkerProcess, replayed_releases
 
 pytestmark = [pytest.mark.integration, pytest.mark.registry]
@@ -55,18 +55,6 @@ def pipeline(url: str) -> dict:
             {"name": "views_auto", "epsilon": 1.0, "tau": "auto", "key": "view"},
         ],
     }  # fmt: skip
-
-
-def shop_events(n: int) -> list[dict]:
-    rng = random.Random(29)
-    out = []
-    for _ in range(n):
-        user = f"user-{rng.randrange(40):02d}"
-        if rng.random() < 0.5:
-            out.append({"user_id": user, "key": "view"})
-        else:
-            out.append({"user_id": user, "key": "buy", "value": float(rng.randint(1, MAX_VALUE))})
-    return out
 
 
 def consume_as_a_user_does(bootstrap: str, url: str, topics: list[str], done, timeout: float):
@@ -115,7 +103,7 @@ def test_a_downstream_avro_consumer_reads_the_releases_replay_makes(
     cfg = parse_config(data)
     source = cfg.input.topics[0]
     producers.create_source_topic(bootstrap, source, partitions=2)
-    events = shop_events(300)
+    events = shop_events(29, 300, MAX_VALUE)
     path = tmp_path / f"{cfg.app_id}.yaml"
     path.write_text(yaml.safe_dump(data))
     log = tmp_path / f"{cfg.app_id}.log"

@@ -18,7 +18,6 @@ Run them alone with ``pytest -m registry``.
 from __future__ import annotations
 
 import base64
-import random
 import subprocess
 import sys
 import threading
@@ -43,6 +42,7 @@ from dpstream.pipeline.tools.export import export_log
 from dpstream.pipeline.worker.processes import spawn_worker
 from dpstream.testing import unique_names
 from tests.integration import producers
+from tests.integration.scenarios import shop_events
 from tests.integration.support import WorkerProcess, assert_equal_to_replay, readers, wait_until
 from tests.registry_producers import (
     AVRO_V1,
@@ -93,18 +93,6 @@ def start(bootstrap: str, directory: Path, data: dict) -> WorkerProcess:
     log = directory / f"{cfg.app_id}.log"
     create_source_topics(cfg, bootstrap)
     return WorkerProcess(cfg, path, log, spawn_worker(path, bootstrap, log))
-
-
-def shop_events(seed: int, n: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        user = f"user-{rng.randrange(40):02d}"
-        if rng.random() < 0.5:
-            out.append({"user_id": user, "key": "view"})
-        else:
-            out.append({"user_id": user, "key": "buy", "value": float(rng.randint(1, MAX_VALUE))})
-    return out
 
 
 class Sent:
@@ -182,7 +170,7 @@ def test_each_format_is_counted_exactly_and_its_hostile_records_dead_lettered(
         data = pipeline(fmt, schema_registry)
         topic = data["input"]["topics"][0]
         producers.create_source_topic(bootstrap, topic, partitions=2)
-        events = shop_events(n, 240)
+        events = shop_events(n, 240, MAX_VALUE)
         produce_as_users_do(bootstrap, schema_registry, fmt, topic, events)
         with SchemaRegistryClient({"url": schema_registry}) as client:
             template = serializer(fmt, client, topic)(events[0])
@@ -287,7 +275,7 @@ def test_a_registry_that_does_not_answer_pauses_the_ingest_and_loses_nothing(
     producers.create_source_topic(bootstrap, topic, partitions=1)
     create_source_topics(cfg, bootstrap)
     ensure_topics(cfg, bootstrap)
-    events = shop_events(7, 30)
+    events = shop_events(7, 30, MAX_VALUE)
     produce_as_users_do(bootstrap, schema_registry, "avro", topic, events)
 
     def sent_events() -> int:
